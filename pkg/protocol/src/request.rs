@@ -1,0 +1,88 @@
+//! One plugin invocation: the environment, the config on stdin and its version.
+
+use crate::env::Env;
+use crate::error::{CniError, DECODING_FAILURE};
+use crate::result::CniResult;
+use crate::version::Version;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub env: Env,
+    /// The config exactly as the runtime sent it.
+    pub stdin: Vec<u8>,
+    /// The same, decoded: always a JSON object.
+    pub config: Value,
+    pub version: Version,
+    /// The network name (`name`), validated.
+    pub name: String,
+}
+
+/// One entry of GC's list of attachments to keep.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// Decodes a typed config from JSON; a wrong type is code 6 naming the field and the value.
+pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, CniError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            CniError::new(DECODING_FAILURE, format!("decoding network config: {inner}"))
+        } else {
+            CniError::new(DECODING_FAILURE, format!("decoding network config: field {path:?}: {inner}"))
+        }
+    })
+}
+
+impl Request {
+    /// The plugin's typed view of the config.
+    pub fn parse_config<T: DeserializeOwned>(&self) -> Result<T, CniError> {
+        decode(&self.config)
+    }
+
+    /// `prevResult`, converted from whatever version it was written in.
+    pub fn prev_result(&self) -> Result<Option<CniResult>, CniError> {
+        match self.config.get("prevResult") {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => CniResult::parse(v, self.version)
+                .map(Some)
+                .map_err(|e| e.context("decoding prevResult")),
+        }
+    }
+
+    /// `runtimeConfig`, or null.
+    pub fn runtime_config(&self) -> &Value {
+        self.config.get("runtimeConfig").unwrap_or(&Value::Null)
+    }
+
+    /// GC's `cni.dev/valid-attachments` (or the older `cni.dev/attachments`).
+    pub fn valid_attachments(&self) -> Result<Vec<Attachment>, CniError> {
+        let list = self
+            .config
+            .get("cni.dev/valid-attachments")
+            .or_else(|| self.config.get("cni.dev/attachments"));
+        let Some(list) = list.filter(|v| !v.is_null()) else {
+            return Ok(Vec::new());
+        };
+        let items = list.as_array().ok_or_else(|| {
+            CniError::decode(format!("cni.dev/valid-attachments: expected a list, got {list}"))
+        })?;
+        items
+            .iter()
+            .map(|item| {
+                let field = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_string);
+                match (field("containerID"), field("ifname")) {
+                    (Some(container_id), Some(ifname)) => Ok(Attachment { container_id, ifname }),
+                    _ => Err(CniError::decode(format!(
+                        "cni.dev/valid-attachments: entry {item} needs string fields containerID and ifname"
+                    ))),
+                }
+            })
+            .collect()
+    }
+}
