@@ -1,1 +1,10 @@
+//! Kernel effects, each behind a small named operation. Nothing else in the suite
+//! opens a netlink socket, enters a namespace, writes a sysctl or runs a firewall tool.
 
+pub mod firewall;
+pub mod netlink;
+pub mod netns;
+pub mod sysctl;
+
+pub use netlink::Netlink;
+pub use netns::Netns;

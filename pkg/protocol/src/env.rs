@@ -57,7 +57,9 @@ impl Command {
     /// Which variables must be set for this command (CNI_COMMAND aside).
     fn required(self) -> &'static [&'static str] {
         match self {
-            Command::Add | Command::Check => &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"],
+            Command::Add | Command::Check => {
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"]
+            }
             Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
             Command::Version | Command::Status | Command::Gc => &[],
         }
@@ -95,7 +97,9 @@ impl Env {
     pub fn command(get: &dyn Fn(&str) -> Option<String>) -> Result<Command, CniError> {
         match get("CNI_COMMAND").filter(|s| !s.is_empty()) {
             Some(c) => Command::parse(&c),
-            None => Err(CniError::env("required environment variable CNI_COMMAND is missing")),
+            None => Err(CniError::env(
+                "required environment variable CNI_COMMAND is missing",
+            )),
         }
     }
 
@@ -187,7 +191,10 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
         Some("is longer than 15 bytes")
     } else if name == "." || name == ".." {
         Some("is not a valid interface name")
-    } else if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
+    } else if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
         Some("contains '/', ':' or whitespace")
     } else {
         None
@@ -201,7 +208,9 @@ pub fn validate_ifname(name: &str) -> Result<(), CniError> {
 /// Network names follow the container ID pattern.
 pub fn validate_network_name(name: &str) -> Result<(), CniError> {
     if name.is_empty() {
-        return Err(CniError::invalid_config("missing network name (field \"name\")"));
+        return Err(CniError::invalid_config(
+            "missing network name (field \"name\")",
+        ));
     }
     if !ID_PATTERN.is_match(name) {
         return Err(CniError::invalid_config(format!(
@@ -217,8 +226,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> Result<Env, CniError> {
-        let map: HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Env::from_getter(&move |k| map.get(k).cloned())
     }
 
@@ -237,14 +248,23 @@ mod tests {
         assert_eq!(env.command, Command::Add);
         assert_eq!(env.container_id, "Abc-1.2_3");
         assert_eq!(env.arg("IP"), Some("10.0.0.5"));
-        assert_eq!(env.path, vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]);
+        assert_eq!(
+            env.path,
+            vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+        );
     }
 
     #[test]
     fn each_required_variable_missing_is_code_4_naming_it() {
         for (cmd, required) in [
-            ("ADD", &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"][..]),
-            ("CHECK", &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"][..]),
+            (
+                "ADD",
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"][..],
+            ),
+            (
+                "CHECK",
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"][..],
+            ),
             ("DEL", &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"][..]),
         ] {
             for name in required {
@@ -285,7 +305,13 @@ mod tests {
             let pairs: Vec<_> = FULL
                 .iter()
                 .copied()
-                .map(|(k, v)| if k == "CNI_CONTAINERID" { (k, id) } else { (k, v) })
+                .map(|(k, v)| {
+                    if k == "CNI_CONTAINERID" {
+                        (k, id)
+                    } else {
+                        (k, v)
+                    }
+                })
                 .collect();
             let e = env_of(&pairs).unwrap_err();
             assert_eq!(e.code, 4, "{id}");

@@ -12,7 +12,11 @@ use std::process::{Command as Process, Stdio};
 
 /// Finds the executable named `plugin_type` in the first directory of `path` that has it.
 pub fn find_plugin(plugin_type: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
-    if plugin_type.is_empty() || plugin_type.contains('/') || plugin_type == "." || plugin_type == ".." {
+    if plugin_type.is_empty()
+        || plugin_type.contains('/')
+        || plugin_type == "."
+        || plugin_type == ".."
+    {
         return Err(CniError::new(
             INVALID_NETWORK_CONFIG,
             format!("invalid plugin type {plugin_type:?}: must be a plain file name"),
@@ -25,7 +29,10 @@ pub fn find_plugin(plugin_type: &str, path: &[PathBuf]) -> Result<PathBuf, CniEr
             let dirs: Vec<String> = path.iter().map(|p| p.display().to_string()).collect();
             CniError::new(
                 INVALID_ENVIRONMENT,
-                format!("failed to find plugin {plugin_type:?} in path [{}]", dirs.join(" ")),
+                format!(
+                    "failed to find plugin {plugin_type:?} in path [{}]",
+                    dirs.join(" ")
+                ),
             )
             .with_details("install the plugin into a directory listed in CNI_PATH")
         })
@@ -39,9 +46,15 @@ fn is_executable(p: &Path) -> bool {
 
 /// Runs `plugin_type` with `command`, the caller's environment and `config` on stdin.
 /// Returns its stdout on success and its own error object, untouched, on failure.
-pub fn exec(env: &Env, command: Command, plugin_type: &str, config: &Value) -> Result<Vec<u8>, CniError> {
+pub fn exec(
+    env: &Env,
+    command: Command,
+    plugin_type: &str,
+    config: &Value,
+) -> Result<Vec<u8>, CniError> {
     let exe = find_plugin(plugin_type, &env.path)?;
-    let stdin = serde_json::to_vec(config).map_err(|e| CniError::internal(format!("encoding delegate config: {e}")))?;
+    let stdin = serde_json::to_vec(config)
+        .map_err(|e| CniError::internal(format!("encoding delegate config: {e}")))?;
     let mut child = Process::new(&exe)
         .env("CNI_COMMAND", command.as_str())
         .env("CNI_CONTAINERID", &env.container_id)
@@ -79,7 +92,12 @@ pub fn exec(env: &Env, command: Command, plugin_type: &str, config: &Value) -> R
 }
 
 /// Delegated ADD. When it fails, the delegate's DEL runs before the error is returned.
-pub fn delegate_add(env: &Env, plugin_type: &str, config: &Value, version: Version) -> Result<CniResult, CniError> {
+pub fn delegate_add(
+    env: &Env,
+    plugin_type: &str,
+    config: &Value,
+    version: Version,
+) -> Result<CniResult, CniError> {
     let attempt = exec(env, Command::Add, plugin_type, config).and_then(|out| {
         let v: Value = serde_json::from_slice(&out).map_err(|e| {
             CniError::decode(format!(
@@ -87,7 +105,8 @@ pub fn delegate_add(env: &Env, plugin_type: &str, config: &Value, version: Versi
                 String::from_utf8_lossy(&out)
             ))
         })?;
-        CniResult::parse(&v, version).map_err(|e| e.context(format!("reading the result of plugin {plugin_type:?}")))
+        CniResult::parse(&v, version)
+            .map_err(|e| e.context(format!("reading the result of plugin {plugin_type:?}")))
     });
     if attempt.is_err() {
         if let Err(e) = exec(env, Command::Del, plugin_type, config) {
@@ -98,6 +117,11 @@ pub fn delegate_add(env: &Env, plugin_type: &str, config: &Value, version: Versi
 }
 
 /// Delegated DEL, CHECK, STATUS or GC: success needs no output.
-pub fn delegate(env: &Env, command: Command, plugin_type: &str, config: &Value) -> Result<(), CniError> {
+pub fn delegate(
+    env: &Env,
+    command: Command,
+    plugin_type: &str,
+    config: &Value,
+) -> Result<(), CniError> {
     exec(env, command, plugin_type, config).map(|_| ())
 }

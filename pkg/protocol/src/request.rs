@@ -32,9 +32,15 @@ pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, CniError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path.is_empty() || path == "." {
-            CniError::new(DECODING_FAILURE, format!("decoding network config: {inner}"))
+            CniError::new(
+                DECODING_FAILURE,
+                format!("decoding network config: {inner}"),
+            )
         } else {
-            CniError::new(DECODING_FAILURE, format!("decoding network config: field {path:?}: {inner}"))
+            CniError::new(
+                DECODING_FAILURE,
+                format!("decoding network config: field {path:?}: {inner}"),
+            )
         }
     })
 }
@@ -70,7 +76,9 @@ impl Request {
             return Ok(Vec::new());
         };
         let items = list.as_array().ok_or_else(|| {
-            CniError::decode(format!("cni.dev/valid-attachments: expected a list, got {list}"))
+            CniError::decode(format!(
+                "cni.dev/valid-attachments: expected a list, got {list}"
+            ))
         })?;
         items
             .iter()

@@ -67,11 +67,17 @@ fn decode_err(msg: impl Into<String>) -> CniError {
     CniError::new(DECODING_FAILURE, msg)
 }
 
-fn get_str<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<Option<&'a str>, CniError> {
+fn get_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    what: &str,
+) -> Result<Option<&'a str>, CniError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(decode_err(format!("{what}.{key}: expected a string, got {other}"))),
+        Some(other) => Err(decode_err(format!(
+            "{what}.{key}: expected a string, got {other}"
+        ))),
     }
 }
 
@@ -82,15 +88,25 @@ fn get_u32(obj: &Map<String, Value>, key: &str, what: &str) -> Result<Option<u32
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| decode_err(format!("{what}.{key}: expected an unsigned number, got {v}"))),
+            .ok_or_else(|| {
+                decode_err(format!(
+                    "{what}.{key}: expected an unsigned number, got {v}"
+                ))
+            }),
     }
 }
 
-fn get_array<'a>(obj: &'a Map<String, Value>, key: &str, what: &str) -> Result<&'a [Value], CniError> {
+fn get_array<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    what: &str,
+) -> Result<&'a [Value], CniError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(a)) => Ok(a),
-        Some(other) => Err(decode_err(format!("{what}.{key}: expected a list, got {other}"))),
+        Some(other) => Err(decode_err(format!(
+            "{what}.{key}: expected a list, got {other}"
+        ))),
     }
 }
 
@@ -100,8 +116,11 @@ fn as_object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, Cni
 }
 
 fn parse_net(s: &str, what: &str) -> Result<IpNetwork, CniError> {
-    s.parse()
-        .map_err(|_| decode_err(format!("{what}: {s:?} is not an address with a prefix length")))
+    s.parse().map_err(|_| {
+        decode_err(format!(
+            "{what}: {s:?} is not an address with a prefix length"
+        ))
+    })
 }
 
 fn parse_ip(s: &str, what: &str) -> Result<IpAddr, CniError> {
@@ -111,8 +130,8 @@ fn parse_ip(s: &str, what: &str) -> Result<IpAddr, CniError> {
 
 fn parse_route(v: &Value, what: &str) -> Result<Route, CniError> {
     let o = as_object(v, what)?;
-    let dst = get_str(o, "dst", what)?
-        .ok_or_else(|| decode_err(format!("{what}.dst is missing")))?;
+    let dst =
+        get_str(o, "dst", what)?.ok_or_else(|| decode_err(format!("{what}.dst is missing")))?;
     Ok(Route {
         dst: parse_net(dst, &format!("{what}.dst"))?,
         gw: get_str(o, "gw", what)?
@@ -134,7 +153,10 @@ fn parse_dns(v: Option<&Value>) -> Result<Dns, CniError> {
 }
 
 fn dns_is_empty(d: &Dns) -> bool {
-    d.nameservers.is_empty() && d.domain.as_deref().unwrap_or("").is_empty() && d.search.is_empty() && d.options.is_empty()
+    d.nameservers.is_empty()
+        && d.domain.as_deref().unwrap_or("").is_empty()
+        && d.search.is_empty()
+        && d.options.is_empty()
 }
 
 impl CniResult {
@@ -159,9 +181,13 @@ impl CniResult {
             r.interfaces.push(Interface {
                 name: get_str(io, "name", &what)?.unwrap_or_default().to_string(),
                 mac: get_str(io, "mac", &what)?.unwrap_or_default().to_string(),
-                sandbox: get_str(io, "sandbox", &what)?.unwrap_or_default().to_string(),
+                sandbox: get_str(io, "sandbox", &what)?
+                    .unwrap_or_default()
+                    .to_string(),
                 mtu: get_u32(io, "mtu", &what)?,
-                socket_path: get_str(io, "socketPath", &what)?.unwrap_or_default().to_string(),
+                socket_path: get_str(io, "socketPath", &what)?
+                    .unwrap_or_default()
+                    .to_string(),
                 pci_id: get_str(io, "pciID", &what)?.unwrap_or_default().to_string(),
             });
         }
@@ -172,11 +198,9 @@ impl CniResult {
                 .ok_or_else(|| decode_err(format!("{what}.address is missing")))?;
             let interface = match io.get("interface") {
                 None | Some(Value::Null) => None,
-                Some(n) => Some(
-                    n.as_u64()
-                        .map(|n| n as usize)
-                        .ok_or_else(|| decode_err(format!("{what}.interface: expected an index, got {n}")))?,
-                ),
+                Some(n) => Some(n.as_u64().map(|n| n as usize).ok_or_else(|| {
+                    decode_err(format!("{what}.interface: expected an index, got {n}"))
+                })?),
             };
             r.ips.push(IpConfig {
                 address: parse_net(address, &format!("{what}.address"))?,
@@ -202,7 +226,8 @@ impl CniResult {
                 continue;
             };
             let io = as_object(v, key)?;
-            let ip = get_str(io, "ip", key)?.ok_or_else(|| decode_err(format!("{key}.ip is missing")))?;
+            let ip = get_str(io, "ip", key)?
+                .ok_or_else(|| decode_err(format!("{key}.ip is missing")))?;
             r.ips.push(IpConfig {
                 address: parse_net(ip, &format!("{key}.ip"))?,
                 gateway: get_str(io, "gateway", key)?
@@ -211,7 +236,8 @@ impl CniResult {
                 interface: None,
             });
             for (i, rv) in get_array(io, "routes", key)?.iter().enumerate() {
-                r.routes.push(parse_route(rv, &format!("{key}.routes[{i}]"))?);
+                r.routes
+                    .push(parse_route(rv, &format!("{key}.routes[{i}]"))?);
             }
         }
         Ok(r)
@@ -228,7 +254,10 @@ impl CniResult {
             self.fill_current(version, &mut out);
         }
         if !dns_is_empty(&self.dns) {
-            out.insert("dns".into(), serde_json::to_value(&self.dns).unwrap_or(Value::Null));
+            out.insert(
+                "dns".into(),
+                serde_json::to_value(&self.dns).unwrap_or(Value::Null),
+            );
         }
         Ok(Value::Object(out))
     }
@@ -271,7 +300,10 @@ impl CniResult {
                 .map(|ip| {
                     let mut m = Map::new();
                     if version < Version::V1_0_0 {
-                        m.insert("version".into(), json!(if ip.address.is_ipv4() { "4" } else { "6" }));
+                        m.insert(
+                            "version".into(),
+                            json!(if ip.address.is_ipv4() { "4" } else { "6" }),
+                        );
                     }
                     if let Some(i) = ip.interface {
                         m.insert("interface".into(), json!(i));
@@ -293,7 +325,11 @@ impl CniResult {
 
     fn fill_legacy(&self, version: Version, out: &mut Map<String, Value>) -> Result<(), CniError> {
         for (key, want_v4) in [("ip4", true), ("ip6", false)] {
-            let family: Vec<&IpConfig> = self.ips.iter().filter(|ip| ip.address.is_ipv4() == want_v4).collect();
+            let family: Vec<&IpConfig> = self
+                .ips
+                .iter()
+                .filter(|ip| ip.address.is_ipv4() == want_v4)
+                .collect();
             if family.len() > 1 {
                 let list: Vec<String> = family.iter().map(|ip| ip.address.to_string()).collect();
                 return Err(CniError::new(

@@ -47,11 +47,19 @@ pub fn run(plugin: &dyn Plugin) -> ! {
 }
 
 /// The dispatcher, with its inputs passed in so that it can be tested in-process.
-pub fn dispatch(plugin: &dyn Plugin, get: &dyn Fn(&str) -> Option<String>, stdin: &mut dyn Read) -> Outcome {
+pub fn dispatch(
+    plugin: &dyn Plugin,
+    get: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+) -> Outcome {
     let command = match Env::command(get) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("{}\nCNI protocol versions supported: {}", plugin.about(), SUPPORTED_VERSIONS.join(", "));
+            eprintln!(
+                "{}\nCNI protocol versions supported: {}",
+                plugin.about(),
+                SUPPORTED_VERSIONS.join(", ")
+            );
             return failure(&e, LATEST);
         }
     };
@@ -60,12 +68,22 @@ pub fn dispatch(plugin: &dyn Plugin, get: &dyn Fn(&str) -> Option<String>, stdin
     }
     let mut raw = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut raw) {
-        return failure(&CniError::new(IO_FAILURE, format!("reading the network config from stdin: {e}")), LATEST);
+        return failure(
+            &CniError::new(
+                IO_FAILURE,
+                format!("reading the network config from stdin: {e}"),
+            ),
+            LATEST,
+        );
     }
     // Errors are printed in the config's version when it names a known one.
     let reply_version = serde_json::from_slice::<Value>(&raw)
         .ok()
-        .and_then(|v| v.get("cniVersion").and_then(Value::as_str).map(str::to_string))
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .and_then(|s| Version::parse(&s).ok())
         .unwrap_or(LATEST);
     let req = match build_request(get, raw) {
@@ -104,16 +122,25 @@ fn call(plugin: &dyn Plugin, req: &Request) -> Result<Option<CniResult>, CniErro
 }
 
 /// Validates everything the spec requires before a verb runs.
-pub fn build_request(get: &dyn Fn(&str) -> Option<String>, raw: Vec<u8>) -> Result<Request, CniError> {
+pub fn build_request(
+    get: &dyn Fn(&str) -> Option<String>,
+    raw: Vec<u8>,
+) -> Result<Request, CniError> {
     let env = Env::from_getter(get)?;
     if raw.iter().all(u8::is_ascii_whitespace) {
         return Err(CniError::new(
             DECODING_FAILURE,
-            format!("the network config on stdin is empty (CNI_COMMAND {})", env.command),
+            format!(
+                "the network config on stdin is empty (CNI_COMMAND {})",
+                env.command
+            ),
         ));
     }
     let config: Value = serde_json::from_slice(&raw).map_err(|e| {
-        CniError::new(DECODING_FAILURE, format!("decoding the network config on stdin: {e}"))
+        CniError::new(
+            DECODING_FAILURE,
+            format!("decoding the network config on stdin: {e}"),
+        )
     })?;
     if !config.is_object() {
         return Err(CniError::new(

@@ -4,7 +4,9 @@ use crate::error::{CniError, INCOMPATIBLE_VERSION};
 use std::fmt;
 
 /// Every spec version this suite speaks, oldest first.
-pub const SUPPORTED_VERSIONS: [&str; 7] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 
 /// The newest version: used where no config names one (VERSION, early errors).
 pub const LATEST: Version = Version::V1_1_0;

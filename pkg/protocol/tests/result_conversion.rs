@@ -50,7 +50,9 @@ fn sample(v: Version) -> Value {
 
 /// What `sample(from)` printed as `to` must be: what both versions hold.
 fn expected(from: Version, to: Version) -> Value {
-    if to.has_legacy_result() || !from.has_legacy_result() && (from >= Version::V1_1_0 || to < Version::V1_1_0) {
+    if to.has_legacy_result()
+        || !from.has_legacy_result() && (from >= Version::V1_1_0 || to < Version::V1_1_0)
+    {
         return sample(to);
     }
     let mut want = sample(to);
@@ -65,7 +67,10 @@ fn expected(from: Version, to: Version) -> Value {
     }
     // Fields of 1.1.0 that the source did not have are absent.
     if from < Version::V1_1_0 {
-        let iface = o.get_mut("interfaces").and_then(|i| i.get_mut(2)).and_then(Value::as_object_mut);
+        let iface = o
+            .get_mut("interfaces")
+            .and_then(|i| i.get_mut(2))
+            .and_then(Value::as_object_mut);
         if let Some(iface) = iface {
             for k in ["mtu", "socketPath", "pciID"] {
                 iface.remove(k);
@@ -82,9 +87,12 @@ fn expected(from: Version, to: Version) -> Value {
 #[test]
 fn every_version_pair_converts_dual_stack() {
     for from in Version::ALL {
-        let parsed = CniResult::parse(&sample(from), from).unwrap_or_else(|e| panic!("parse {from}: {e}"));
+        let parsed =
+            CniResult::parse(&sample(from), from).unwrap_or_else(|e| panic!("parse {from}: {e}"));
         for to in Version::ALL {
-            let got = parsed.to_json(to).unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+            let got = parsed
+                .to_json(to)
+                .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
             assert_eq!(got, expected(from, to), "{from} -> {to}");
         }
     }
@@ -101,7 +109,11 @@ fn a_result_without_cni_version_takes_the_hint() {
 
 #[test]
 fn empty_dns_is_left_out() {
-    let r = CniResult::parse(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}], "dns": {}}), Version::V1_0_0).unwrap();
+    let r = CniResult::parse(
+        &json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/24"}], "dns": {}}),
+        Version::V1_0_0,
+    )
+    .unwrap();
     for to in Version::ALL {
         assert!(r.to_json(to).unwrap().get("dns").is_none(), "{to}");
     }
@@ -117,7 +129,13 @@ fn two_addresses_of_one_family_are_refused_for_legacy_versions() {
     for to in [Version::V0_1_0, Version::V0_2_0] {
         let e = r.to_json(to).unwrap_err();
         assert_eq!(e.code, 1);
-        assert!(e.msg.contains("10.0.0.2/24") && e.msg.contains("10.0.1.2/24") && e.msg.contains(to.as_str()), "{}", e.msg);
+        assert!(
+            e.msg.contains("10.0.0.2/24")
+                && e.msg.contains("10.0.1.2/24")
+                && e.msg.contains(to.as_str()),
+            "{}",
+            e.msg
+        );
     }
     for to in &Version::ALL[2..] {
         assert_eq!(r.to_json(*to).unwrap()["ips"].as_array().unwrap().len(), 2);
@@ -127,11 +145,23 @@ fn two_addresses_of_one_family_are_refused_for_legacy_versions() {
 #[test]
 fn malformed_results_name_the_field() {
     for (doc, field) in [
-        (json!({"cniVersion": "1.0.0", "ips": [{"address": "nope"}]}), "ips[0].address"),
+        (
+            json!({"cniVersion": "1.0.0", "ips": [{"address": "nope"}]}),
+            "ips[0].address",
+        ),
         (json!({"cniVersion": "1.0.0", "ips": "x"}), "ips"),
-        (json!({"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}), "routes[0].dst"),
-        (json!({"cniVersion": "0.2.0", "ip4": {"gateway": "10.0.0.1"}}), "ip4.ip"),
-        (json!({"cniVersion": "1.0.0", "interfaces": [{"name": 5}]}), "interfaces[0]"),
+        (
+            json!({"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}),
+            "routes[0].dst",
+        ),
+        (
+            json!({"cniVersion": "0.2.0", "ip4": {"gateway": "10.0.0.1"}}),
+            "ip4.ip",
+        ),
+        (
+            json!({"cniVersion": "1.0.0", "interfaces": [{"name": 5}]}),
+            "interfaces[0]",
+        ),
     ] {
         let e = CniResult::parse(&doc, Version::V1_0_0).unwrap_err();
         assert_eq!(e.code, 6);

@@ -1,0 +1,26 @@
+//! Sysctls of the calling thread's network namespace.
+
+use cni_protocol::CniError;
+use sysctl::Sysctl;
+
+/// Sets `name` (dotted, as `net.ipv4.ip_forward`) to `value`, skipping the write when it already holds it.
+pub fn set(name: &str, value: &str) -> Result<(), CniError> {
+    let ctl = sysctl::Ctl::new(name).map_err(|e| CniError::io(format!("sysctl {name}: {e}")))?;
+    if ctl
+        .value_string()
+        .map(|v| v.trim() == value)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    ctl.set_value_string(value)
+        .map(|_| ())
+        .map_err(|e| CniError::io(format!("setting sysctl {name}={value}: {e}")))
+}
+
+pub fn get(name: &str) -> Result<String, CniError> {
+    sysctl::Ctl::new(name)
+        .and_then(|c| c.value_string())
+        .map(|v| v.trim().to_string())
+        .map_err(|e| CniError::io(format!("reading sysctl {name}: {e}")))
+}
