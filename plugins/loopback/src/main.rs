@@ -24,9 +24,10 @@ impl Plugin for Loopback {
     }
 
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        let prev = req.prev_result()?;
         let ns = Netns::open(&req.env.netns)?;
         let addrs = set_lo(&ns, true)?;
-        if let Some(prev) = req.prev_result()? {
+        if let Some(prev) = prev {
             return Ok(prev);
         }
         let mut result = CniResult {
