@@ -3,6 +3,8 @@
 //! removes everything when its guards drop, also when the test panics.
 //! Nothing here touches the root network namespace.
 
+pub mod conflist;
+
 use serde_json::Value;
 use std::fs::File;
 use std::io::Write;

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The suite's main job, end to end on one throwaway node: build, install into a temporary
+# prefix, then run the plugins as a runtime would for two pods on the stock flannel conflist,
+# show what they made, send traffic, and tear it all down. Everything happens in network
+# namespaces this script creates (the node itself is a namespace); the root namespace is
+# never touched, and everything is removed on exit, also on failure.
+set -euo pipefail
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+prefix=$(mktemp -d /tmp/cni-demo.XXXXXX)
+id=$$
+host=demo-node-$id
+pods=()
+pids=()
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+show() { printf '$ %s\n' "$*"; "$@" | sed 's/^/    /'; }
+in_host() { nsenter --net=/run/netns/$host "$@"; }
+
+cleanup() {
+    set +e
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${pods[@]}"; do ip netns del "$p" 2>/dev/null; done
+    ip netns del "$host" 2>/dev/null
+    rm -rf "$prefix"
+}
+trap cleanup EXIT
+
+# Runs one plugin exactly as a runtime does: CNI_* in the environment, the config on stdin,
+# inside the node's namespace. Prints the plugin's stdout.
+cni() {
+    local command=$1 plugin=$2 container=$3 netns=$4 ifname=$5 config=$6
+    CNI_COMMAND=$command CNI_CONTAINERID=$container CNI_NETNS=$netns CNI_IFNAME=$ifname \
+        CNI_PATH=$prefix/bin in_host "$prefix/bin/$plugin" <<<"$config"
+}
+
+step "build (release) and install into $prefix"
+(cd "$top" && cargo build --release --locked --quiet)
+"$top/scripts/install.sh" --no-build --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf
+printf '$ CNI_COMMAND=VERSION %s/bin/bridge\n    ' "$prefix"
+CNI_COMMAND=VERSION "$prefix/bin/bridge" </dev/null
+
+step "a node: network namespace $host"
+ip netns add "$host"
+in_host ip link set lo up
+
+step "subnet.env, as the fabric daemon writes it"
+mkdir -p "$prefix/run/flannel"
+cat >"$prefix/run/flannel/subnet.env" <<ENV
+FLANNEL_NETWORK=10.244.0.0/16
+FLANNEL_SUBNET=10.244.7.1/24
+FLANNEL_MTU=1450
+FLANNEL_IPMASQ=true
+ENV
+show cat "$prefix/run/flannel/subnet.env"
+
+# The stock kube-flannel conflist (testdata/10-flannel.conflist), with the file locations
+# pointed into the prefix. Each plugin receives the list's name and cniVersion.
+flannel_conf="{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"flannel\",
+  \"subnetFile\":\"$prefix/run/flannel/subnet.env\",\"dataDir\":\"$prefix/lib/cni/flannel\",
+  \"ipam\":{\"dataDir\":\"$prefix/lib/cni/networks\"},
+  \"delegate\":{\"hairpinMode\":true,\"isDefaultGateway\":true}}"
+loopback_conf='{"cniVersion":"0.3.1","name":"cbr0","type":"loopback"}'
+
+for i in 1 2; do
+    pod=demo-pod$i-$id
+    container=demo-container-$i-$id
+    step "pod $i: namespace $pod, then loopback, flannel (-> bridge -> host-local) and portmap"
+    ip netns add "$pod"
+    pods+=("$pod")
+    show cni ADD loopback "$container" "/run/netns/$pod" lo "$loopback_conf"
+    result=$(cni ADD flannel "$container" "/run/netns/$pod" eth0 "$flannel_conf")
+    printf '$ flannel ADD ->\n    %s\n' "$result"
+    mappings='[]'
+    [ "$i" = 1 ] && mappings='[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]'
+    portmap_conf="{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",
+      \"capabilities\":{\"portMappings\":true},\"runtimeConfig\":{\"portMappings\":$mappings},
+      \"prevResult\":$result}"
+    cni ADD portmap "$container" "/run/netns/$pod" eth0 "$portmap_conf" >/dev/null
+    show ip -n "$pod" -br addr show eth0
+    show ip -n "$pod" route
+done
+
+step "what the node holds now"
+show in_host ip -br link
+show in_host ip -br addr show cni0
+show ls "$prefix/lib/cni/networks/cbr0" "$prefix/lib/cni/flannel"
+show sh -c "nsenter --net=/run/netns/$host iptables-save -t nat | grep -E 'CNI|cbr0'"
+
+step "traffic: pod 2 pings pod 1; the node reaches pod 1's web server through host port 8080"
+mkdir -p "$prefix/www" && echo "hello from pod 1" >"$prefix/www/index.html"
+ip netns exec "demo-pod1-$id" busybox httpd -f -p 80 -h "$prefix/www" &
+pids+=($!)
+sleep 0.3
+pod1_ip=$(ip -n "demo-pod1-$id" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)
+show ip netns exec "demo-pod2-$id" ping -c 2 -W 1 "$pod1_ip"
+show in_host busybox wget -q -O - -T 2 "http://10.244.7.1:8080/"
+
+step "tear down in reverse, as the runtime does at pod removal"
+for i in 2 1; do
+    pod=demo-pod$i-$id
+    container=demo-container-$i-$id
+    cni DEL portmap "$container" "/run/netns/$pod" eth0 \
+        "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",\"capabilities\":{\"portMappings\":true}}"
+    cni DEL flannel "$container" "/run/netns/$pod" eth0 "$flannel_conf"
+    cni DEL loopback "$container" "/run/netns/$pod" lo "$loopback_conf"
+done
+show ls -A "$prefix/lib/cni/networks/cbr0" "$prefix/lib/cni/flannel"
+show sh -c "nsenter --net=/run/netns/$host iptables-save -t nat | grep -c 'demo-container' || true"
+step "done: the namespaces and $prefix are removed on exit"
