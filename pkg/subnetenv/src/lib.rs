@@ -241,8 +241,8 @@ fn masked(n: IpNetwork) -> IpNetwork {
     IpNetwork::new(n.network(), n.prefix()).unwrap_or(n)
 }
 
-/// `addr/prefix`, both parts required, as Go's `net.ParseCIDR` takes it.
-fn parse_cidr(s: &str) -> Result<IpNetwork, String> {
+/// `addr/prefix`, both parts required, as Go's `net.ParseCIDR` takes it; the host part is kept.
+pub fn parse_cidr(s: &str) -> Result<IpNetwork, String> {
     let (addr, prefix) = s
         .split_once('/')
         .ok_or_else(|| "not an address with a prefix length (addr/len)".to_string())?;
