@@ -4,6 +4,7 @@
 use cni_protocol::error::io_err;
 use cni_protocol::CniError;
 use serde_json::Value;
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -113,6 +114,32 @@ impl Store {
         ids.sort();
         Ok(ids)
     }
+
+    /// GC: removes the files of containers not in `keep` that belong to `network` (or to no
+    /// network, being unreadable), leaving other networks sharing the directory alone.
+    /// Returns the container IDs removed.
+    pub fn remove_stale(
+        &self,
+        network: &str,
+        keep: &HashSet<&str>,
+    ) -> Result<Vec<String>, CniError> {
+        let mut removed = Vec::new();
+        for id in self.container_ids()? {
+            if keep.contains(id.as_str()) {
+                continue;
+            }
+            let ours = match self.load(&id)? {
+                Saved::Missing => false,
+                Saved::Config(c) => c.get("name").and_then(Value::as_str) == Some(network),
+                Saved::Corrupt(_) => true,
+            };
+            if ours {
+                self.remove(&id)?;
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -206,6 +233,22 @@ mod tests {
             .container_ids()
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn remove_stale_keeps_valid_containers_and_other_networks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        store.save("live", &json!({"name": "cbr0"})).unwrap();
+        store.save("gone", &json!({"name": "cbr0"})).unwrap();
+        store.save("other", &json!({"name": "other-net"})).unwrap();
+        fs::write(store.path("torn"), "{").unwrap();
+        let keep: HashSet<&str> = ["live"].into();
+        assert_eq!(
+            store.remove_stale("cbr0", &keep).unwrap(),
+            vec!["gone", "torn"]
+        );
+        assert_eq!(store.container_ids().unwrap(), vec!["live", "other"]);
     }
 
     #[test]
