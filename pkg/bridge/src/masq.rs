@@ -1,0 +1,426 @@
+//! Masquerade rules named and written as the Go plugin writes them, so that either
+//! implementation removes the other's.
+//!
+//! iptables: a nat chain `CNI-<24 hex of sha512(network + containerID)>` holding
+//! `-d <subnet> -j ACCEPT` and `! -d <multicast> -j MASQUERADE`, reached from POSTROUTING by
+//! `-s <pod ip> -j CNI-...`, every rule commented `name: "<network>" id: "<containerID>"`.
+//!
+//! nftables: table `inet cni_plugins_masquerade`, chain `masq_checks` with one rule per pod
+//! address, commented with a hash of (network, ifname, containerID) first.
+
+use ipnetwork::IpNetwork;
+use serde_json::Value;
+use sha2::{Digest, Sha512};
+
+/// An address family, for the tool that handles it (iptables or ip6tables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub fn of(net: &IpNetwork) -> IpFamily {
+        if net.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
+    }
+
+    fn multicast(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "224.0.0.0/4",
+            IpFamily::V6 => "ff00::/8",
+        }
+    }
+
+    fn host_prefix(self) -> u8 {
+        match self {
+            IpFamily::V4 => 32,
+            IpFamily::V6 => 128,
+        }
+    }
+}
+
+/// The first `len` hex digits of sha512(`to_hash`) after `prefix`, as the Go utils do.
+pub fn hash_with_prefix(len: usize, prefix: &str, to_hash: &str) -> String {
+    let digest = Sha512::digest(to_hash.as_bytes());
+    let mut out = String::with_capacity(prefix.len() + 128);
+    out.push_str(prefix);
+    for b in digest {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out.truncate(len);
+    out
+}
+
+/// The iptables chain of one container on one network: `CNI-` and 24 hex digits.
+pub fn chain_name(network: &str, container_id: &str) -> String {
+    hash_with_prefix(28, "CNI-", &format!("{network}{container_id}"))
+}
+
+/// Go's `%q` of a string: quoted, with `"`, `\` and control characters escaped.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The comment on every iptables rule of one container: `name: "<network>" id: "<containerID>"`.
+pub fn comment(network: &str, container_id: &str) -> String {
+    format!("name: {} id: {}", go_quote(network), go_quote(container_id))
+}
+
+/// One argument of an iptables-restore line, quoted as iptables-save quotes it.
+fn restore_arg(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
+}
+
+/// The `iptables-restore --noflush` documents that masquerade `addrs` for one container:
+/// one per family present, each declaring (and so emptying) the container's chain.
+pub fn iptables_add(
+    network: &str,
+    container_id: &str,
+    addrs: &[IpNetwork],
+) -> Vec<(IpFamily, String)> {
+    let chain = chain_name(network, container_id);
+    let c = restore_arg(&comment(network, container_id));
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter_map(|family| {
+            let ours: Vec<&IpNetwork> =
+                addrs.iter().filter(|a| IpFamily::of(a) == family).collect();
+            if ours.is_empty() {
+                return None;
+            }
+            let mut doc = format!("*nat\n:{chain} - [0:0]\n");
+            let mut subnets: Vec<IpNetwork> = Vec::new();
+            for a in &ours {
+                let subnet = IpNetwork::new(a.network(), a.prefix()).unwrap_or(**a);
+                if !subnets.contains(&subnet) {
+                    subnets.push(subnet);
+                    doc.push_str(&format!(
+                        "-A {chain} -d {subnet} -m comment --comment {c} -j ACCEPT\n"
+                    ));
+                }
+            }
+            doc.push_str(&format!(
+                "-A {chain} ! -d {} -m comment --comment {c} -j MASQUERADE\n",
+                family.multicast()
+            ));
+            for a in &ours {
+                doc.push_str(&format!(
+                    "-A POSTROUTING -s {}/{} -m comment --comment {c} -j {chain}\n",
+                    a.ip(),
+                    family.host_prefix()
+                ));
+            }
+            doc.push_str("COMMIT\n");
+            Some((family, doc))
+        })
+        .collect()
+}
+
+/// From `iptables-save -t nat`, the document that removes one container's masquerade rules:
+/// every POSTROUTING rule that jumps to its chain or carries its comment, then the chain.
+/// None when nothing of it is there.
+pub fn iptables_remove(saved: &str, network: &str, container_id: &str) -> Option<String> {
+    let chain = chain_name(network, container_id);
+    let quoted_comment = format!("--comment {}", restore_arg(&comment(network, container_id)));
+    let jump = format!("-j {chain}");
+    let mut doc = String::from("*nat\n");
+    let mut found = false;
+    let mut chain_exists = false;
+    for line in saved.lines() {
+        if line == format!(":{chain} - [0:0]") || line.starts_with(&format!(":{chain} ")) {
+            chain_exists = true;
+        } else if let Some(rule) = line.strip_prefix("-A POSTROUTING ") {
+            let jumps = rule.ends_with(&jump) || rule.contains(&format!("{jump} "));
+            if jumps || rule.contains(&quoted_comment) {
+                doc.push_str(&format!("-D POSTROUTING {rule}\n"));
+                found = true;
+            }
+        }
+    }
+    if chain_exists {
+        doc.push_str(&format!("-F {chain}\n-X {chain}\n"));
+        found = true;
+    }
+    doc.push_str("COMMIT\n");
+    found.then_some(doc)
+}
+
+/// The nftables table the Go plugin's nftables backend uses.
+pub const NFT_TABLE: &str = "cni_plugins_masquerade";
+/// Its chain holding one rule per masqueraded address.
+pub const NFT_CHAIN: &str = "masq_checks";
+/// knftables' limit on comments.
+const NFT_COMMENT_MAX: usize = 128;
+
+/// The per-network hash that starts every rule comment of a network.
+pub fn nft_network_hash(network: &str) -> String {
+    hash_with_prefix(16, "", network)
+}
+
+/// The hash that starts the comments of one attachment's rules.
+pub fn nft_instance_hash(network: &str, ifname: &str, container_id: &str) -> String {
+    format!(
+        "{}-{}",
+        nft_network_hash(network),
+        hash_with_prefix(16, "", &format!("{ifname}:{container_id}"))
+    )
+}
+
+/// The comment on one attachment's rules: the hash, then a readable (maybe cut) description.
+pub fn nft_comment(network: &str, ifname: &str, container_id: &str) -> String {
+    let mut c = format!(
+        "{}, net: {}, if: {}, id: {}",
+        nft_instance_hash(network, ifname, container_id),
+        network.replace('"', ""),
+        ifname.replace('"', ""),
+        container_id.replace('"', "")
+    );
+    if c.len() > NFT_COMMENT_MAX {
+        let mut end = NFT_COMMENT_MAX;
+        while !c.is_char_boundary(end) {
+            end -= 1;
+        }
+        c.truncate(end);
+    }
+    c
+}
+
+/// The `nft -f` transaction that masquerades `addrs` for one attachment, creating the table
+/// and chains as the Go plugin does (it rewrites `postrouting` each time, idempotently).
+pub fn nft_add(network: &str, ifname: &str, container_id: &str, addrs: &[IpNetwork]) -> String {
+    let t = format!("inet {NFT_TABLE}");
+    let mut s = format!(
+        "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
+         add chain {t} {NFT_CHAIN} {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
+         add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
+         flush chain {t} postrouting\n\
+         add rule {t} postrouting ip daddr == 224.0.0.0/4 return\n\
+         add rule {t} postrouting ip6 daddr == ff00::/8 return\n\
+         add rule {t} postrouting goto {NFT_CHAIN}\n"
+    );
+    let c = nft_comment(network, ifname, container_id);
+    for a in addrs {
+        let proto = if a.is_ipv4() { "ip" } else { "ip6" };
+        let subnet = IpNetwork::new(a.network(), a.prefix()).unwrap_or(*a);
+        s.push_str(&format!(
+            "add rule {t} {NFT_CHAIN} {proto} saddr == {} {proto} daddr != {subnet} masquerade comment {}\n",
+            a.ip(),
+            go_quote(&c)
+        ));
+    }
+    s
+}
+
+/// Rules of an `nft -j list ...` answer: (chain, handle, comment).
+pub fn nft_rules(listing: &Value) -> Vec<(String, u64, String)> {
+    listing
+        .get("nftables")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i.get("rule"))
+                .filter_map(|r| {
+                    Some((
+                        r.get("chain")?.as_str()?.to_string(),
+                        r.get("handle")?.as_u64()?,
+                        r.get("comment")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_string(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Chains of an `nft -j list ...` answer.
+pub fn nft_chains(listing: &Value) -> Vec<String> {
+    listing
+        .get("nftables")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| i.get("chain")?.get("name")?.as_str())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// From `nft -j list chain inet cni_plugins_masquerade masq_checks`, the transaction that
+/// deletes one attachment's rules; None when it has none.
+pub fn nft_remove(
+    listing: &Value,
+    network: &str,
+    ifname: &str,
+    container_id: &str,
+) -> Option<String> {
+    let prefix = nft_instance_hash(network, ifname, container_id);
+    let lines: String = nft_rules(listing)
+        .into_iter()
+        .filter(|(chain, _, comment)| chain == NFT_CHAIN && comment.starts_with(&prefix))
+        .map(|(_, handle, _)| format!("delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {handle}\n"))
+        .collect();
+    (!lines.is_empty()).then_some(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn nets(s: &[&str]) -> Vec<IpNetwork> {
+        s.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn chain_name_is_the_go_plugins() {
+        // What the Go plugin named the chain of network "btnet", container "c1".
+        assert_eq!(chain_name("btnet", "c1"), "CNI-639df9ed42b720f22f559a6c");
+        assert_eq!(chain_name("btnet", "c1").len(), 28);
+    }
+
+    #[test]
+    fn comment_is_the_go_plugins() {
+        assert_eq!(comment("btnet", "c1"), r#"name: "btnet" id: "c1""#);
+        assert_eq!(go_quote("a\"b\\c"), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn add_document_for_one_v4_address() {
+        let docs = iptables_add("btnet", "c1", &nets(&["10.88.0.2/16"]));
+        assert_eq!(docs.len(), 1);
+        assert_eq!(docs[0].0, IpFamily::V4);
+        let c = r#""name: \"btnet\" id: \"c1\"""#;
+        let ch = "CNI-639df9ed42b720f22f559a6c";
+        assert_eq!(
+            docs[0].1,
+            format!(
+                "*nat\n:{ch} - [0:0]\n\
+                 -A {ch} -d 10.88.0.0/16 -m comment --comment {c} -j ACCEPT\n\
+                 -A {ch} ! -d 224.0.0.0/4 -m comment --comment {c} -j MASQUERADE\n\
+                 -A POSTROUTING -s 10.88.0.2/32 -m comment --comment {c} -j {ch}\n\
+                 COMMIT\n"
+            )
+        );
+    }
+
+    #[test]
+    fn add_documents_per_family() {
+        let docs = iptables_add(
+            "n",
+            "c",
+            &nets(&["10.1.0.2/24", "fd00::2/64", "10.2.0.2/24"]),
+        );
+        assert_eq!(docs.len(), 2);
+        assert!(docs[0].1.contains("-d 10.1.0.0/24") && docs[0].1.contains("-d 10.2.0.0/24"));
+        assert_eq!(docs[0].1.matches("MASQUERADE").count(), 1);
+        assert_eq!(docs[0].1.matches("-A POSTROUTING").count(), 2);
+        assert_eq!(docs[1].0, IpFamily::V6);
+        assert!(docs[1].1.contains("! -d ff00::/8"));
+        assert!(docs[1].1.contains("-A POSTROUTING -s fd00::2/128"));
+        assert!(iptables_add("n", "c", &[]).is_empty());
+    }
+
+    #[test]
+    fn remove_finds_rules_by_chain_and_by_comment() {
+        let ch = chain_name("btnet", "c1");
+        let other = chain_name("btnet", "c2");
+        let saved = format!(
+            "# Generated by iptables-save\n*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+             :{ch} - [0:0]\n:{other} - [0:0]\n\
+             -A POSTROUTING -s 10.88.0.2/32 -m comment --comment \"name: \\\"btnet\\\" id: \\\"c1\\\"\" -j {ch}\n\
+             -A POSTROUTING -s 10.88.0.2/24 -j {ch}\n\
+             -A POSTROUTING -s 10.88.0.3/32 -m comment --comment \"name: \\\"btnet\\\" id: \\\"c2\\\"\" -j {other}\n\
+             -A {ch} -d 10.88.0.0/16 -j ACCEPT\nCOMMIT\n"
+        );
+        let doc = iptables_remove(&saved, "btnet", "c1").unwrap();
+        assert_eq!(
+            doc,
+            format!(
+                "*nat\n\
+                 -D POSTROUTING -s 10.88.0.2/32 -m comment --comment \"name: \\\"btnet\\\" id: \\\"c1\\\"\" -j {ch}\n\
+                 -D POSTROUTING -s 10.88.0.2/24 -j {ch}\n\
+                 -F {ch}\n-X {ch}\nCOMMIT\n"
+            )
+        );
+        assert!(!doc.contains(&other));
+        assert_eq!(iptables_remove("*nat\nCOMMIT\n", "btnet", "c1"), None);
+        // A leftover jump whose chain is gone is still removed.
+        let orphan = format!("*nat\n-A POSTROUTING -s 10.0.0.1/32 -j {ch}\nCOMMIT\n");
+        assert!(iptables_remove(&orphan, "btnet", "c1")
+            .unwrap()
+            .contains("-D POSTROUTING"));
+    }
+
+    #[test]
+    fn nft_names_are_the_go_plugins() {
+        let h = nft_instance_hash("net", "eth0", "c1");
+        assert_eq!(h.len(), 33);
+        assert!(h.starts_with(&nft_network_hash("net")));
+        assert_eq!(nft_network_hash("net"), hash_with_prefix(16, "", "net"));
+        let c = nft_comment("net", "eth0", "c1");
+        assert_eq!(c, format!("{h}, net: net, if: eth0, id: c1"));
+        let long = nft_comment("net", "eth0", &"x".repeat(200));
+        assert_eq!(long.len(), 128);
+    }
+
+    #[test]
+    fn nft_add_script() {
+        let s = nft_add("net", "eth0", "c1", &nets(&["10.88.0.2/16", "fd00::2/64"]));
+        let c = nft_comment("net", "eth0", "c1");
+        assert!(s.starts_with("add table inet cni_plugins_masquerade"));
+        assert!(s.contains("add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }"));
+        assert!(s.contains(&format!(
+            "add rule inet cni_plugins_masquerade masq_checks ip saddr == 10.88.0.2 ip daddr != 10.88.0.0/16 masquerade comment \"{c}\"\n"
+        )));
+        assert!(s.contains("ip6 saddr == fd00::2 ip6 daddr != fd00::/64 masquerade"));
+    }
+
+    #[test]
+    fn nft_remove_picks_the_attachments_rules() {
+        let mine = nft_comment("net", "eth0", "c1");
+        let theirs = nft_comment("net", "eth0", "c2");
+        let listing = json!({"nftables": [
+            {"metainfo": {"version": "1.0.6"}},
+            {"chain": {"family": "inet", "table": NFT_TABLE, "name": NFT_CHAIN, "handle": 2}},
+            {"rule": {"family": "inet", "table": NFT_TABLE, "chain": NFT_CHAIN, "handle": 7, "comment": mine, "expr": []}},
+            {"rule": {"family": "inet", "table": NFT_TABLE, "chain": NFT_CHAIN, "handle": 8, "comment": theirs, "expr": []}},
+            {"rule": {"family": "inet", "table": NFT_TABLE, "chain": NFT_CHAIN, "handle": 9, "expr": []}}
+        ]});
+        assert_eq!(
+            nft_remove(&listing, "net", "eth0", "c1").unwrap(),
+            "delete rule inet cni_plugins_masquerade masq_checks handle 7\n"
+        );
+        assert_eq!(nft_remove(&listing, "net", "eth1", "c1"), None);
+        assert_eq!(nft_chains(&listing), vec![NFT_CHAIN.to_string()]);
+    }
+}
