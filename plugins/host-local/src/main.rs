@@ -1,1 +1,97 @@
-fn main() {}
+//! `host-local`: hands out addresses from the configured ranges and records each one as a
+//! file under `<dataDir>/<network>`, in the Go plugin's format.
+
+use cni_ipam::dns::load_resolv_conf;
+use cni_ipam::store::{check_usable, Store};
+use cni_ipam::{allocate, IpamConfig, Key};
+use cni_protocol::{CniError, CniResult, Dns, Plugin, Request};
+
+struct HostLocal;
+
+fn key_of(req: &Request) -> Key {
+    Key::new(&req.env.container_id, &req.env.ifname)
+}
+
+impl Plugin for HostLocal {
+    fn about(&self) -> &'static str {
+        "CNI host-local IPAM plugin (Rust)"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        let conf = IpamConfig::from_request(req)?;
+        let dns = match &conf.resolv_conf {
+            Some(path) => load_resolv_conf(path)?,
+            None => Dns::default(),
+        };
+        let mut store = Store::open(&conf.network_dir())?;
+        let ips = allocate(&mut store, &conf, &key_of(req));
+        store.close();
+        Ok(CniResult {
+            ips: ips?,
+            routes: conf.routes,
+            dns,
+            ..Default::default()
+        })
+    }
+
+    fn del(&self, req: &Request) -> Result<(), CniError> {
+        let conf = IpamConfig::from_request(req)?;
+        // No directory: nothing was ever held here.
+        let Some(mut store) = Store::open_existing(&conf.network_dir())? else {
+            return Ok(());
+        };
+        let released = store.release(&key_of(req));
+        store.close();
+        released.map(|_| ())
+    }
+
+    fn check(&self, req: &Request) -> Result<(), CniError> {
+        let conf = IpamConfig::from_request(req)?;
+        let key = key_of(req);
+        let held = match Store::open_existing(&conf.network_dir())? {
+            Some(mut store) => store.holds(&key)?,
+            None => false,
+        };
+        if held {
+            return Ok(());
+        }
+        Err(CniError::internal(format!(
+            "host-local: failed to find an address held by container {} (ifname {}) in {}",
+            key.container_id,
+            key.ifname,
+            conf.network_dir().display()
+        )))
+    }
+
+    fn status(&self, req: &Request) -> Result<(), CniError> {
+        let conf = IpamConfig::from_request(req)?;
+        check_usable(&conf.data_dir)
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), CniError> {
+        let conf = IpamConfig::from_request(req)?;
+        let valid: Vec<Key> = req
+            .valid_attachments()?
+            .iter()
+            .map(|a| Key::new(&a.container_id, &a.ifname))
+            .collect();
+        let Some(mut store) = Store::open_existing(&conf.network_dir())? else {
+            return Ok(());
+        };
+        let outcome = store.gc(&valid);
+        store.close();
+        match outcome {
+            Ok(_) => Ok(()),
+            Err(failures) => Err(CniError::io(format!(
+                "host-local GC in {}: {} failure(s): {}",
+                conf.network_dir().display(),
+                failures.len(),
+                failures.join("; ")
+            ))),
+        }
+    }
+}
+
+fn main() {
+    cni_protocol::run(&HostLocal)
+}
