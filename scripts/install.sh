@@ -51,9 +51,12 @@ place() {
     echo "installed $dir/$name"
 }
 
-mkdir -p "$bin_dir"
+# All or nothing: a missing binary stops the install before any plugin is replaced.
 for p in "${plugins[@]}"; do
     [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
+done
+mkdir -p "$bin_dir"
+for p in "${plugins[@]}"; do
     place "$target/$p" "$bin_dir" "$p" 0755
 done
 for d in "${daemons[@]}"; do

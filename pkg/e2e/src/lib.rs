@@ -1,1 +1,21 @@
-//! End-to-end tests live in tests/.
+//! End-to-end harness: the suite installed on a throwaway "node" and driven by real container
+//! runtimes (podman, containerd) from the distribution's packages.
+//!
+//! A [`Node`] is a host network namespace plus a private view of the filesystem: the paths the
+//! runtimes and plugins use (`/etc/cni/net.d`, `/opt/cni/bin`, `/run/flannel`, `/var/lib/cni`,
+//! `/run`) are temporary directories bind-mounted inside a private mount namespace, so the
+//! machine's root namespace, `/etc/cni` and `/opt/cni` are never touched. A [`Session`] is one
+//! bash script run in that namespace for the whole life of a container; it stops at `pause` so
+//! the test can look at the node while the container runs.
+
+pub mod checks;
+pub mod image;
+pub mod node;
+pub mod plugins;
+pub mod root;
+pub mod session;
+
+pub use node::{Footprint, Node};
+pub use plugins::PluginSet;
+pub use root::RootSnapshot;
+pub use session::{Session, Step, Transcript};

@@ -1,0 +1,317 @@
+//! A throwaway node: its own host network namespace, the plugins installed in a temporary
+//! directory, a conflist, a subnet.env as flanneld would write it, and the ways to look at what
+//! the plugins left on it.
+
+use crate::plugins::PluginSet;
+use serde_json::Value;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tempfile::TempDir;
+use testkit::TestNs;
+
+/// The cluster network in every node's subnet.env; node `n` owns 10.244.n.0/24.
+pub const FLANNEL_NETWORK: &str = "10.244.0.0/16";
+pub const FLANNEL_MTU: u32 = 1450;
+/// The node's own address (on `lo` of its host namespace): where a mapped port is reached.
+pub const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+const CONFLIST: &str = "10-flannel.conflist";
+const FLANNEL_DATA_DIR: &str = "/var/lib/cni/flannel";
+const HOST_LOCAL_DATA_DIR: &str = "/var/lib/cni/networks";
+const LIBCNI_CACHE_DIR: &str = "/var/lib/cni/results";
+
+pub struct Node {
+    pub ns: TestNs,
+    n: u8,
+    network: String,
+    cgroup_parent: String,
+    // Last: removed after the namespace, when nothing can be using it any more.
+    dir: TempDir,
+}
+
+impl Node {
+    /// A node numbered `n` (its FLANNEL_SUBNET is 10.244.n.1/24) running `set` on `conflist`.
+    pub fn new(prefix: &str, set: PluginSet, n: u8, conflist: &Value) -> Node {
+        let ns = TestNs::new(prefix);
+        ns.ip(&["addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"]);
+        let dir = tempfile::Builder::new()
+            .prefix("e2e-")
+            .tempdir()
+            .expect("temporary directory");
+        for sub in ["net.d", "run-flannel", "var-lib-cni", "empty"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        set.install(&dir.path().join("bin"));
+        std::fs::write(
+            dir.path().join("net.d").join(CONFLIST),
+            serde_json::to_string_pretty(conflist).unwrap(),
+        )
+        .unwrap();
+        let network = conflist["name"]
+            .as_str()
+            .expect("the conflist has a name")
+            .to_string();
+        let node = Node {
+            cgroup_parent: testkit::unique_name("e2e"),
+            ns,
+            n,
+            network,
+            dir,
+        };
+        std::fs::write(node.path("run-flannel/subnet.env"), node.subnet_env()).unwrap();
+        node
+    }
+
+    /// The node's directory: `bin`, `net.d`, `run-flannel`, `var-lib-cni`, `empty`, and whatever
+    /// a runtime keeps there.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The network name from the conflist (what podman's `--network` takes).
+    pub fn network(&self) -> &str {
+        &self.network
+    }
+
+    /// The subnet.env flanneld would have written for this node.
+    pub fn subnet_env(&self) -> String {
+        format!(
+            "FLANNEL_NETWORK={FLANNEL_NETWORK}\nFLANNEL_SUBNET={}/24\nFLANNEL_MTU={FLANNEL_MTU}\nFLANNEL_IPMASQ=true\n",
+            self.gateway()
+        )
+    }
+
+    /// The bridge's address, FLANNEL_SUBNET's first host.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 244, self.n, 1)
+    }
+
+    /// Whether `ip` is a pod address of FLANNEL_SUBNET (not the network, gateway or broadcast).
+    pub fn is_pod_address(&self, ip: Ipv4Addr) -> bool {
+        let [a, b, c, d] = ip.octets();
+        (a, b, c) == (10, 244, self.n) && d > 1 && d < 255
+    }
+
+    /// A cgroup parent only this node uses, removed with the node.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.cgroup_parent)
+    }
+
+    /// GET http://addr:port/ from the node's host namespace; the body. Connection refusals are
+    /// retried for a few seconds: a container's server may not be listening yet when it starts.
+    pub fn http_get(&self, addr: Ipv4Addr, port: u16) -> Result<String, String> {
+        let ns = std::fs::File::open(self.ns.path()).map_err(|e| e.to_string())?;
+        let target = SocketAddr::from((addr, port));
+        // setns affects only the calling thread, so the request gets a thread of its own.
+        std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("entering the node's namespace: {e}"))?;
+            let mut attempts = 0;
+            let mut stream = loop {
+                match TcpStream::connect_timeout(&target, HTTP_TIMEOUT) {
+                    Ok(s) => break s,
+                    Err(e) if e.kind() == ErrorKind::ConnectionRefused && attempts < 50 => {
+                        attempts += 1;
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => return Err(format!("connecting to {target}: {e}")),
+                }
+            };
+            stream.set_read_timeout(Some(HTTP_TIMEOUT)).ok();
+            let mut response = String::new();
+            stream
+                .write_all(b"GET / HTTP/1.0\r\n\r\n")
+                .and_then(|_| stream.read_to_string(&mut response))
+                .map_err(|e| format!("GET http://{target}/: {e}"))?;
+            match response.split_once("\r\n\r\n") {
+                Some((head, body)) if head.split_whitespace().nth(1) == Some("200") => {
+                    Ok(body.to_string())
+                }
+                _ => Err(format!("GET http://{target}/: {response:?}")),
+            }
+        })
+        .join()
+        .map_err(|_| "the request thread panicked".to_string())?
+    }
+
+    /// Maps a path under /var/lib/cni (as the plugins see it) to where this node keeps it.
+    fn var_lib_cni(&self, path: &str) -> PathBuf {
+        let rel = path
+            .strip_prefix("/var/lib/cni")
+            .expect("a path under /var/lib/cni");
+        self.path("var-lib-cni").join(rel.trim_start_matches('/'))
+    }
+
+    /// What the plugins (and the runtime's CNI cache) hold for `container_id` on this node.
+    pub fn footprint(&self, container_id: &str) -> Footprint {
+        let lease_dir = self.var_lib_cni(HOST_LOCAL_DATA_DIR).join(&self.network);
+        let leases = files_in(&lease_dir)
+            .into_iter()
+            .filter(|(name, _)| name != "lock" && !name.starts_with("last_reserved_ip"))
+            .map(|(name, content)| format!("{name}: {}", content.replace(['\r', '\n'], " ")))
+            .collect();
+        let delegates = files_in(&self.var_lib_cni(FLANNEL_DATA_DIR))
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let cached_results = files_in(&self.var_lib_cni(LIBCNI_CACHE_DIR))
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| name.contains(container_id))
+            .collect();
+        let veths = self
+            .ns
+            .ip_json(&["link", "show", "type", "veth"])
+            .as_array()
+            .map(|links| {
+                links
+                    .iter()
+                    .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Footprint {
+            leases,
+            delegates,
+            cached_results,
+            veths,
+            rules: self.rules_naming(container_id),
+        }
+    }
+
+    /// Firewall lines of the host namespace that belong to one container: naming its ID, or a
+    /// per-container portmap chain (CNI-DN-*, CNI-SN-*); a node here runs one container at a time.
+    fn rules_naming(&self, container_id: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (prog, args) in [
+            ("iptables-save", &[][..]),
+            ("ip6tables-save", &[][..]),
+            ("nft", &["list", "ruleset"][..]),
+        ] {
+            let out = self.ns.try_run(prog, args);
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if line.contains(container_id)
+                    || line.contains("CNI-DN-")
+                    || line.contains("CNI-SN-")
+                {
+                    lines.push(format!("{prog}: {}", line.trim()));
+                }
+            }
+        }
+        lines
+    }
+
+    /// Processes still running from this node's directory (a runtime, shim or monitor the test
+    /// started and that outlived its session).
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        let needle = self.dir().display().to_string();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                cmdline.contains(&needle).then_some((pid, cmdline))
+            })
+            .filter(|(pid, _)| *pid != std::process::id() as i32)
+            .collect()
+    }
+
+    /// Removes this node's cgroup trees from every hierarchy; the directories that would not go
+    /// (a process still in them) are returned.
+    pub fn remove_cgroups(&self) -> Vec<PathBuf> {
+        let mut stuck = Vec::new();
+        let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return stuck;
+        };
+        let mut roots: Vec<PathBuf> = vec![PathBuf::from("/sys/fs/cgroup")];
+        roots.extend(hierarchies.flatten().map(|e| e.path()));
+        for root in roots {
+            let top = root.join(&self.cgroup_parent);
+            if top.is_dir() {
+                remove_dirs_depth_first(&top, &mut stuck);
+            }
+        }
+        stuck
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        for (pid, _) in self.processes() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // Killed processes leave their cgroups a moment later.
+        for _ in 0..20 {
+            if self.remove_cgroups().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// cgroup directories are removed with rmdir (their control files are not real files).
+fn remove_dirs_depth_first(dir: &Path, stuck: &mut Vec<PathBuf>) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_dirs_depth_first(&e.path(), stuck);
+            }
+        }
+    }
+    if std::fs::remove_dir(dir).is_err() {
+        stuck.push(dir.to_path_buf());
+    }
+}
+
+/// (name, content) of the regular files in `dir`; nothing when it does not exist.
+fn files_in(dir: &Path) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<(String, String)> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| {
+            let content = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (e.file_name().to_string_lossy().into_owned(), content)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Everything on a node that belongs to one container's network.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// host-local address files, "ip: content".
+    pub leases: Vec<String>,
+    /// flannel's saved delegate configs (file names: container IDs).
+    pub delegates: Vec<String>,
+    /// libcni's cached results naming the container.
+    pub cached_results: Vec<String>,
+    /// veth links in the host namespace.
+    pub veths: Vec<String>,
+    /// iptables/nftables lines of the container.
+    pub rules: Vec<String>,
+}
+
+impl Footprint {
+    pub fn is_empty(&self) -> bool {
+        *self == Footprint::default()
+    }
+}
