@@ -1,7 +1,7 @@
 //! The host-local config: decoded, validated and defaulted as the Go plugin does it.
 
 use crate::ip::parse_addr_or_cidr;
-use crate::range::{RangeConf, RangeSet};
+use crate::range::{Range, RangeConf, RangeSet};
 use cni_protocol::{decode, CniError, Request, Route, Version};
 use ipnetwork::IpNetwork;
 use serde::Deserialize;
@@ -177,8 +177,13 @@ impl IpamConfig {
 
         let mut rangesets = Vec::with_capacity(sources.len());
         for (i, (field, confs)) in sources.iter().enumerate() {
-            let set = RangeSet::from_conf(confs, field)
-                .map_err(|e| e.context(format!("invalid range set {i}")))?;
+            // The legacy fields are one range named by its own fields (`ipam.subnet`).
+            let set = if field == "ipam" || field == "ipam.rangeFromFile" {
+                Range::from_conf(&confs[0], field).map(|r| RangeSet { ranges: vec![r] })
+            } else {
+                RangeSet::from_conf(confs, field)
+            }
+            .map_err(|e| e.context(format!("invalid range set {i}")))?;
             rangesets.push(Rangeset {
                 set,
                 field: field.clone(),
