@@ -10,6 +10,7 @@
 
 pub mod checks;
 pub mod image;
+pub mod install;
 pub mod node;
 pub mod plugins;
 pub mod root;

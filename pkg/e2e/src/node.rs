@@ -151,23 +151,53 @@ impl Node {
 
     /// What the plugins (and the runtime's CNI cache) hold for `container_id` on this node.
     pub fn footprint(&self, container_id: &str) -> Footprint {
-        let lease_dir = self.var_lib_cni(HOST_LOCAL_DATA_DIR).join(&self.network);
-        let leases = files_in(&lease_dir)
+        let naming = |lines: Vec<String>| -> Vec<String> {
+            lines
+                .into_iter()
+                .filter(|l| l.contains(container_id))
+                .collect()
+        };
+        Footprint {
+            leases: naming(self.leases()),
+            delegates: self
+                .delegates()
+                .into_iter()
+                .filter(|d| d == container_id)
+                .collect(),
+            cached_results: naming(self.cached_results()),
+            rules: naming(self.firewall()),
+        }
+    }
+
+    /// host-local's address files of the network (named by the address), as "ip: content".
+    pub fn leases(&self) -> Vec<String> {
+        let dir = self.var_lib_cni(HOST_LOCAL_DATA_DIR).join(&self.network);
+        files_in(&dir)
             .into_iter()
-            .filter(|(name, _)| name != "lock" && !name.starts_with("last_reserved_ip"))
+            .filter(|(name, _)| name.parse::<std::net::IpAddr>().is_ok())
             .map(|(name, content)| format!("{name}: {}", content.replace(['\r', '\n'], " ")))
-            .collect();
-        let delegates = files_in(&self.var_lib_cni(FLANNEL_DATA_DIR))
+            .collect()
+    }
+
+    /// flannel's saved delegate configs (named by container ID).
+    pub fn delegates(&self) -> Vec<String> {
+        files_in(&self.var_lib_cni(FLANNEL_DATA_DIR))
             .into_iter()
             .map(|(name, _)| name)
-            .collect();
-        let cached_results = files_in(&self.var_lib_cni(LIBCNI_CACHE_DIR))
+            .collect()
+    }
+
+    /// libcni's cached results (named network-containerID-ifname).
+    pub fn cached_results(&self) -> Vec<String> {
+        files_in(&self.var_lib_cni(LIBCNI_CACHE_DIR))
             .into_iter()
             .map(|(name, _)| name)
-            .filter(|name| name.contains(container_id))
-            .collect();
-        let veths = self
-            .ns
+            .collect()
+    }
+
+    /// The veth links in the host namespace.
+    pub fn veths(&self) -> Vec<String> {
+        self.ns
             .ip_json(&["link", "show", "type", "veth"])
             .as_array()
             .map(|links| {
@@ -176,19 +206,11 @@ impl Node {
                     .filter_map(|l| l["ifname"].as_str().map(str::to_string))
                     .collect()
             })
-            .unwrap_or_default();
-        Footprint {
-            leases,
-            delegates,
-            cached_results,
-            veths,
-            rules: self.rules_naming(container_id),
-        }
+            .unwrap_or_default()
     }
 
-    /// Firewall lines of the host namespace that belong to one container: naming its ID, or a
-    /// per-container portmap chain (CNI-DN-*, CNI-SN-*); a node here runs one container at a time.
-    fn rules_naming(&self, container_id: &str) -> Vec<String> {
+    /// Every iptables, ip6tables and nft line of the host namespace, prefixed by its source.
+    pub fn firewall(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for (prog, args) in [
             ("iptables-save", &[][..]),
@@ -196,16 +218,32 @@ impl Node {
             ("nft", &["list", "ruleset"][..]),
         ] {
             let out = self.ns.try_run(prog, args);
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                if line.contains(container_id)
-                    || line.contains("CNI-DN-")
-                    || line.contains("CNI-SN-")
-                {
-                    lines.push(format!("{prog}: {}", line.trim()));
-                }
-            }
+            lines.extend(
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+                    .map(|l| format!("{prog}: {}", l.trim())),
+            );
         }
         lines
+    }
+
+    /// Everything container-specific on the node, whoever it belonged to: address files, saved
+    /// delegates, cached results, per-container portmap chains (CNI-DN-*, CNI-SN-*: their names
+    /// are hashes) and veths. Empty when no container is attached.
+    pub fn attachments(&self) -> Footprint {
+        let mut rules: Vec<String> = self
+            .firewall()
+            .into_iter()
+            .filter(|l| l.contains("CNI-DN-") || l.contains("CNI-SN-"))
+            .collect();
+        rules.extend(self.veths().into_iter().map(|v| format!("veth {v}")));
+        Footprint {
+            leases: self.leases(),
+            delegates: self.delegates(),
+            cached_results: self.cached_results(),
+            rules,
+        }
     }
 
     /// Processes still running from this node's directory (a runtime, shim or monitor the test
@@ -295,18 +333,16 @@ fn files_in(dir: &Path) -> Vec<(String, String)> {
     files
 }
 
-/// Everything on a node that belongs to one container's network.
+/// Network state on a node: one container's, or (from [`Node::attachments`]) everyone's.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Footprint {
     /// host-local address files, "ip: content".
     pub leases: Vec<String>,
     /// flannel's saved delegate configs (file names: container IDs).
     pub delegates: Vec<String>,
-    /// libcni's cached results naming the container.
+    /// libcni's cached results.
     pub cached_results: Vec<String>,
-    /// veth links in the host namespace.
-    pub veths: Vec<String>,
-    /// iptables/nftables lines of the container.
+    /// Firewall lines (and, node-wide, veths).
     pub rules: Vec<String>,
 }
 

@@ -27,16 +27,18 @@ impl PluginSet {
         }
     }
 
-    /// Copies the five plugins into `dir`, executable, as an installation would leave them.
+    /// Puts the five plugins into `dir` as an installation does: each copied to a temporary
+    /// name beside it and renamed into place, so a runtime never execs a partial file.
     pub fn install(self, dir: &Path) {
         std::fs::create_dir_all(dir).unwrap();
         for plugin in PLUGINS {
             let src = self.source(plugin);
-            let dst = dir.join(plugin);
-            std::fs::copy(&src, &dst).unwrap_or_else(|e| {
+            let tmp = dir.join(format!(".{plugin}.new"));
+            std::fs::copy(&src, &tmp).unwrap_or_else(|e| {
                 panic!("installing {} ({self}): {e}", src.display());
             });
-            std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::rename(&tmp, dir.join(plugin)).unwrap();
         }
     }
 }

@@ -8,7 +8,8 @@
 //! through unchanged; the container's own address is checked as well.
 
 use e2e::checks::{
-    assert_footprint_gone, assert_footprint_present, assert_on_flannel_network, assert_serves,
+    assert_footprint_gone, assert_footprint_present, assert_no_attachments,
+    assert_on_flannel_network, assert_serves,
 };
 use e2e::{image, plugins, Node, PluginSet, RootSnapshot, Session};
 
@@ -49,6 +50,7 @@ fn ctr_runs_a_container(set: PluginSet, n: u8) {
     let ip = assert_on_flannel_network(&node, running);
     assert_serves(&node, ip, PORT, HOST_PORT);
     assert_footprint_present(&node, &container_id, ip);
+    assert_eq!(node.veths().len(), 1, "one veth in the host namespace");
 
     session.resume();
     let ended = session.finish();
@@ -58,6 +60,7 @@ fn ctr_runs_a_container(set: PluginSet, n: u8) {
     assert_eq!(ended.ok("tasks"), "", "ctr left the task");
     assert_eq!(ended.exit, Some(0), "{ended}");
     assert_footprint_gone(&node, &container_id);
+    assert_no_attachments(&node);
     root.assert_clean_after(node);
 }
 

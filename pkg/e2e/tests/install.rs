@@ -3,76 +3,19 @@
 //! given, says what it installed, and replaces a binary that is running by a rename, so a
 //! runtime exec'ing the plugin during an install never fails.
 
+use e2e::install::{fresh_tree, run_install, succeeded};
 use e2e::plugins::{repo_root, PLUGINS};
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tempfile::TempDir;
 
 const CONFLIST: &str = "10-flannel.conflist";
 /// errno when a running executable is opened for writing.
 const ETXTBSY: i32 = 26;
-
-/// A tree with scripts/install.sh, testdata/*.conflist and target/release/<plugins> copied from
-/// the workspace.
-fn fresh_tree() -> TempDir {
-    let tree = tempfile::Builder::new()
-        .prefix("e2e-tree-")
-        .tempdir()
-        .unwrap();
-    let top = repo_root();
-    for dir in ["scripts", "testdata", "target/release"] {
-        fs::create_dir_all(tree.path().join(dir)).unwrap();
-    }
-    copy(
-        &top.join("scripts/install.sh"),
-        &tree.path().join("scripts/install.sh"),
-    );
-    for entry in fs::read_dir(top.join("testdata")).unwrap().flatten() {
-        if entry.path().extension().is_some_and(|e| e == "conflist") {
-            copy(
-                &entry.path(),
-                &tree.path().join("testdata").join(entry.file_name()),
-            );
-        }
-    }
-    for plugin in PLUGINS {
-        copy(
-            &testkit::bin_dir().join(plugin),
-            &tree.path().join("target/release").join(plugin),
-        );
-    }
-    tree
-}
-
-fn copy(from: &Path, to: &Path) {
-    fs::copy(from, to).unwrap_or_else(|e| panic!("copying {}: {e}", from.display()));
-}
-
-/// Runs the tree's install.sh with `args` (never building).
-fn install(tree: &Path, args: &[&str]) -> Output {
-    Command::new(tree.join("scripts/install.sh"))
-        .arg("--no-build")
-        .args(args)
-        .env_remove("CARGO_TARGET_DIR")
-        .output()
-        .expect("running install.sh")
-}
-
-fn succeeded(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "install.sh failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
@@ -99,7 +42,7 @@ fn installs_every_plugin_into_the_given_directory_and_says_so() {
     let conf = tree.path().join("node/etc/cni/net.d");
     let bin_arg = bin.to_str().unwrap();
 
-    let stdout = succeeded(&install(
+    let stdout = succeeded(&run_install(
         tree.path(),
         &["--bin-dir", bin_arg, "--conf-dir", conf.to_str().unwrap()],
     ));
@@ -134,7 +77,7 @@ fn installs_the_conflists_only_when_asked() {
     let conf = tree.path().join("net.d");
     let conf_arg = conf.to_str().unwrap();
 
-    let stdout = succeeded(&install(
+    let stdout = succeeded(&run_install(
         tree.path(),
         &[
             "--bin-dir",
@@ -168,7 +111,7 @@ fn replaces_a_running_binary_atomically() {
     let tree = fresh_tree();
     let bin = tree.path().join("bin");
     let bin_arg = bin.to_str().unwrap().to_string();
-    succeeded(&install(tree.path(), &["--bin-dir", &bin_arg]));
+    succeeded(&run_install(tree.path(), &["--bin-dir", &bin_arg]));
     let loopback = bin.join("loopback");
 
     // A loopback that is running (DEL waits for its config on stdin): its file is busy, so an
@@ -201,7 +144,7 @@ fn replaces_a_running_binary_atomically() {
 
     let mut inodes = vec![fs::metadata(&loopback).unwrap().ino()];
     for _ in 0..5 {
-        succeeded(&install(tree.path(), &["--bin-dir", &bin_arg]));
+        succeeded(&run_install(tree.path(), &["--bin-dir", &bin_arg]));
         inodes.push(fs::metadata(&loopback).unwrap().ino());
     }
     stop.store(true, Ordering::Relaxed);
@@ -257,7 +200,7 @@ fn installs_nothing_when_a_binary_is_missing() {
     fs::remove_file(tree.path().join("target/release/portmap")).unwrap();
     let bin = tree.path().join("bin");
 
-    let out = install(tree.path(), &["--bin-dir", bin.to_str().unwrap()]);
+    let out = run_install(tree.path(), &["--bin-dir", bin.to_str().unwrap()]);
 
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -271,7 +214,7 @@ fn installs_nothing_when_a_binary_is_missing() {
 #[test]
 fn refuses_an_unknown_argument() {
     let tree = fresh_tree();
-    let out = install(tree.path(), &["--bin", "/tmp"]);
+    let out = run_install(tree.path(), &["--bin", "/tmp"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

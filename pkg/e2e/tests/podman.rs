@@ -3,11 +3,15 @@
 //! answers on the node, and `podman rm` releases everything.
 
 use e2e::checks::{
-    assert_footprint_gone, assert_footprint_present, assert_on_flannel_network, assert_serves,
+    assert_footprint_gone, assert_footprint_present, assert_no_attachments,
+    assert_on_flannel_network, assert_serves,
 };
 use e2e::{image, plugins, Node, PluginSet, RootSnapshot, Session};
 
-const SCRIPT: &str = include_str!("../src/scripts/podman.sh");
+const SCRIPT: &str = concat!(
+    include_str!("../src/scripts/podman-setup.sh"),
+    include_str!("../src/scripts/podman.sh")
+);
 const PORT: u16 = 8080;
 const HOST_PORT: u16 = 18080;
 
@@ -44,6 +48,7 @@ fn podman_runs_a_container(set: PluginSet, n: u8) {
     );
     assert_serves(&node, ip, PORT, HOST_PORT);
     assert_footprint_present(&node, &container_id, ip);
+    assert_eq!(node.veths().len(), 1, "one veth in the host namespace");
 
     session.resume();
     let removed = session.finish();
@@ -52,6 +57,7 @@ fn podman_runs_a_container(set: PluginSet, n: u8) {
     assert_eq!(removed.ok("netns"), "", "podman left its netns mount");
     assert_eq!(removed.exit, Some(0), "{removed}");
     assert_footprint_gone(&node, &container_id);
+    assert_no_attachments(&node);
     root.assert_clean_after(node);
 }
 

@@ -1,44 +1,5 @@
-# podman with its CNI backend, every setting in a containers.conf and storage.conf under $WORK:
-# plugins from $WORK/bin, conflists from $WORK/net.d, runc with cgroupfs, vfs storage. One
-# container NAME from ROOTFS serves HTTP on PORT, published on HOST_PORT.
-P=$WORK/podman
-mkdir -p "$P"
-cat >"$P/containers.conf" <<CONF
-[containers]
-# podman's defaults exceed the hard limits here and raising them needs CAP_SYS_RESOURCE.
-default_ulimits = ["nofile=1024:1024", "nproc=4096:4096"]
-log_driver = "k8s-file"
-
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-events_logfile_path = "$P/events.log"
-tmp_dir = "$P/tmp"
-
-[network]
-network_backend = "cni"
-cni_plugin_dirs = ["$WORK/bin"]
-network_config_dir = "$WORK/net.d"
-CONF
-cat >"$P/storage.conf" <<CONF
-[storage]
-driver = "vfs"
-graphroot = "$P/storage"
-runroot = "$P/runroot"
-CONF
-export CONTAINERS_CONF=$P/containers.conf CONTAINERS_STORAGE_CONF=$P/storage.conf
-
-trap 'podman rm --all --force --time 0 >/dev/null 2>&1' EXIT
-
-step run podman run --detach --name "$NAME" --network "$NETWORK" \
-    --cgroup-parent "$CGROUP_PARENT" --publish "$HOST_PORT:$PORT" --rootfs "$ROOTFS" \
-    /bin/busybox httpd -f -p "$PORT" -h /www || exit 1
-step inspect podman inspect --format '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$NAME"
-step addr podman exec "$NAME" ip -o -4 addr show dev eth0
-step link podman exec "$NAME" ip -o link show dev eth0
-step routes podman exec "$NAME" ip -4 route show
-step ping podman exec "$NAME" ping -c 1 -W 2 "$GATEWAY"
+# One container NAME published on HOST_PORT, looked at while it runs, then podman rm.
+start_web "$NAME" "$HOST_PORT"
 pause
 
 step rm podman rm --force --time 0 "$NAME"
