@@ -85,3 +85,48 @@ pub fn nft_apply(script: &str) -> Result<(), CniError> {
 pub fn nft_query(args: &[&str]) -> Result<String, CniError> {
     run_with_input("nft", args, "")
 }
+
+/// `nft -j list table <family> <name>`: the table as JSON, or None when it does not exist.
+pub fn nft_list_table(family: &str, name: &str) -> Result<Option<String>, CniError> {
+    let out = Command::new("nft")
+        .args(["-j", "list", "table", family, name])
+        .output()
+        .map_err(|e| CniError::io(format!("running nft: {e}")))?;
+    if out.status.success() {
+        return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("No such file or directory") {
+        return Ok(None);
+    }
+    Err(CniError::io(format!(
+        "nft -j list table {family} {name} failed: {}",
+        stderr.trim()
+    )))
+}
+
+/// Where plugin runs that read rules and then write rules based on them take turns.
+const RULES_LOCK: &str = "/run/cni-firewall.lock";
+
+/// Runs `f` holding an exclusive lock shared by every plugin run on the host, so that a
+/// read-then-write of shared chains (add a jump only when it is missing) is not interleaved
+/// with another's. When the lock cannot be had, `f` runs anyway: duplicates beat a failed ADD.
+pub fn with_rules_lock<T>(f: impl FnOnce() -> Result<T, CniError>) -> Result<T, CniError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(RULES_LOCK)
+        .map_err(|e| format!("opening {RULES_LOCK}: {e}"))
+        .and_then(|file| {
+            Flock::lock(file, FlockArg::LockExclusive)
+                .map_err(|(_, e)| format!("locking {RULES_LOCK}: {e}"))
+        });
+    if let Err(e) = &lock {
+        eprintln!("{e}; going on without it");
+    }
+    let out = f();
+    drop(lock);
+    out
+}

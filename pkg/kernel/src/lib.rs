@@ -1,6 +1,7 @@
 //! Kernel effects, each behind a small named operation. Nothing else in the suite
 //! opens a netlink socket, enters a namespace, writes a sysctl or runs a firewall tool.
 
+pub mod conntrack;
 pub mod firewall;
 pub mod netlink;
 pub mod netns;

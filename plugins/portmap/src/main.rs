@@ -1,1 +1,96 @@
-fn main() {}
+//! `portmap`: forwards host ports to the container, chained after the plugin that gave the
+//! container its address (`prevResult`), with the Go plugin's chains so that either
+//! implementation removes the other's rules.
+
+mod backend;
+
+use cni_kernel::firewall::Family;
+use cni_kernel::{conntrack, sysctl};
+use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
+use cni_protocol::{CniError, CniResult, Plugin, Request};
+
+struct Portmap;
+
+fn load_config(req: &Request) -> Result<Config, CniError> {
+    Config::parse(&req.config, &req.name, backend::default_backend)
+}
+
+/// Lets packets from 127.0.0.1, DNATed towards the container, be routed out of `dev`.
+fn allow_localhost_sources(dev: &str) -> Result<(), CniError> {
+    sysctl::set(&format!("net.ipv4.conf.{dev}.route_localnet"), "1")
+        .map_err(|e| e.context("enabling route_localnet for localhost host ports"))
+}
+
+/// Drops UDP flows conntrack tracked to the host ports before they were mapped, so that the
+/// next datagram meets the new rules. Only logged when it fails, as in the Go plugin.
+fn forget_stale_udp_flows(conf: &Config, addrs: &ContainerAddrs) {
+    let ports: Vec<u16> = conf
+        .mappings
+        .iter()
+        .filter(|m| m.protocol == Protocol::Udp)
+        .map(|m| m.host_port)
+        .collect();
+    for addr in addrs.iter() {
+        let family = if addr.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        };
+        if let Err(e) = conntrack::delete_by_dst_port(family, Protocol::Udp.number(), &ports) {
+            eprintln!("deleting stale UDP conntrack entries for {addr}: {e}");
+        }
+    }
+}
+
+impl Plugin for Portmap {
+    fn about(&self) -> &'static str {
+        "CNI portmap plugin (Rust)"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        let conf = load_config(req)?;
+        let prev = req.prev_result()?.ok_or_else(|| {
+            CniError::invalid_config(
+                "portmap must be called as a chained plugin: the config has no prevResult",
+            )
+        })?;
+        if conf.mappings.is_empty() {
+            return Ok(prev);
+        }
+        let addrs = ContainerAddrs::from_result(&prev, &req.env.ifname);
+        conf.check_families(&addrs)?;
+        if conf.snat && addrs.v4.is_some() {
+            if let Some(dev) = host_interface(&prev) {
+                allow_localhost_sources(dev)?;
+            }
+        }
+        backend::of(&conf).forward(&conf, &req.env.container_id, &addrs)?;
+        forget_stale_udp_flows(&conf, &addrs);
+        Ok(prev)
+    }
+
+    fn del(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load_config(req)?;
+        // Without mappings ADD made nothing, as in the Go plugin.
+        if conf.mappings.is_empty() {
+            return Ok(());
+        }
+        backend::of(&conf).unforward(&conf.network, &req.env.container_id)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load_config(req)?;
+        let prev = req.prev_result()?.ok_or_else(|| {
+            CniError::invalid_config("portmap CHECK needs the prevResult: the config has none")
+        })?;
+        if conf.mappings.is_empty() {
+            return Ok(());
+        }
+        let addrs = ContainerAddrs::from_result(&prev, &req.env.ifname);
+        backend::of(&conf).check(&conf, &req.env.container_id, &addrs)
+    }
+}
+
+fn main() {
+    cni_protocol::run(&Portmap)
+}

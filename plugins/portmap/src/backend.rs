@@ -1,0 +1,196 @@
+//! The two rule backends behind one trait. Each reads the rules the kernel holds, has
+//! cni-portmap write the text, and applies it in one batch (one `iptables-restore` per family,
+//! one `nft` transaction).
+
+use cni_kernel::firewall::{self, Family};
+use cni_portmap::nftables::{self, ListedRule};
+use cni_portmap::{iptables, Backend, Config, ContainerAddrs};
+use cni_protocol::CniError;
+use ipnetwork::IpNetwork;
+
+pub trait Rules {
+    /// Forwards the container's ports to each of its addresses.
+    fn forward(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError>;
+    /// Removes the container's rules in both families, found by network name and container ID.
+    fn unforward(&self, network: &str, container_id: &str) -> Result<(), CniError>;
+    /// Fails naming the first rule of the container's mappings that is missing.
+    fn check(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError>;
+}
+
+pub fn of(conf: &Config) -> &'static dyn Rules {
+    match conf.backend {
+        Backend::Iptables => &Iptables,
+        Backend::Nftables => &Nftables,
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+/// iptables when it is installed, as the Go plugin prefers; nftables when only nft is.
+pub fn default_backend() -> Backend {
+    if !on_path("iptables-restore") && on_path("nft") {
+        Backend::Nftables
+    } else {
+        Backend::Iptables
+    }
+}
+
+fn family(addr: IpNetwork) -> Family {
+    if addr.is_ipv4() {
+        Family::V4
+    } else {
+        Family::V6
+    }
+}
+
+struct Iptables;
+
+impl Iptables {
+    fn nat_table(family: Family) -> Result<iptables::NatTable, CniError> {
+        firewall::iptables_save(family, "nat").map(|save| iptables::NatTable::parse(&save))
+    }
+}
+
+impl Rules for Iptables {
+    fn forward(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError> {
+        let written = firewall::with_rules_lock(|| {
+            for addr in addrs.iter() {
+                let current = Self::nat_table(family(addr))?;
+                let doc = iptables::add_document(conf, container_id, addr, &current);
+                firewall::iptables_restore(family(addr), &doc)?;
+            }
+            Ok(())
+        });
+        if written.is_err() && addrs.v4.is_some() && addrs.v6.is_some() {
+            // One family's rules may be in: take them out again.
+            if let Err(e) = self.unforward(&conf.network, container_id) {
+                eprintln!("removing the rules of the failed ADD: {e}");
+            }
+        }
+        written
+    }
+
+    fn unforward(&self, network: &str, container_id: &str) -> Result<(), CniError> {
+        firewall::with_rules_lock(|| {
+            let mut unusable = Vec::new();
+            for fam in [Family::V4, Family::V6] {
+                // A family without a usable iptables had no rules written either.
+                let current = match Self::nat_table(fam) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        unusable.push(e);
+                        continue;
+                    }
+                };
+                if let Some(doc) = iptables::del_document(network, container_id, &current) {
+                    firewall::iptables_restore(fam, &doc)?;
+                }
+            }
+            match unusable.len() {
+                2 => Err(unusable
+                    .swap_remove(0)
+                    .context("neither iptables nor ip6tables is usable")),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn check(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError> {
+        for addr in addrs.iter() {
+            let current = Self::nat_table(family(addr))?;
+            iptables::check(conf, container_id, addr, &current)?;
+        }
+        Ok(())
+    }
+}
+
+struct Nftables;
+
+impl Nftables {
+    fn rules(family: &str) -> Result<Vec<ListedRule>, CniError> {
+        match firewall::nft_list_table(family, nftables::TABLE)? {
+            Some(json) => nftables::parse_listing(&json),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+impl Rules for Nftables {
+    fn forward(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError> {
+        firewall::with_rules_lock(|| {
+            let mut script = String::new();
+            for addr in addrs.iter() {
+                let listed = Self::rules(nftables::family(addr.ip()))?;
+                script += &nftables::add_script(conf, container_id, addr, &listed)?;
+            }
+            if script.is_empty() {
+                return Ok(());
+            }
+            firewall::nft_apply(&script)
+        })
+    }
+
+    fn unforward(&self, _network: &str, container_id: &str) -> Result<(), CniError> {
+        firewall::with_rules_lock(|| {
+            let mut listed = Self::rules("ip")?;
+            listed.extend(Self::rules("ip6")?);
+            match nftables::del_script(container_id, &listed) {
+                Some(script) => firewall::nft_apply(&script),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn check(
+        &self,
+        conf: &Config,
+        container_id: &str,
+        addrs: &ContainerAddrs,
+    ) -> Result<(), CniError> {
+        for addr in addrs.iter() {
+            let listed = Self::rules(nftables::family(addr.ip()))?;
+            nftables::check(conf, container_id, addr, &listed)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_on_path_only() {
+        assert!(on_path("sh"));
+        assert!(!on_path("no-such-program-here"));
+    }
+}
