@@ -50,13 +50,14 @@ fn switching_a_node_from_the_go_plugins_to_ours_and_back() {
         ],
     );
 
-    let (old_id, _) = started(&node, session.until_pause(), OLD_PORT);
+    let (old_id, old_ip) = started(&node, session.until_pause(), OLD_PORT);
     let tree = fresh_tree();
     let bin = node.path("bin");
     succeeded(&run_install(
         tree.path(),
         &["--bin-dir", bin.to_str().unwrap()],
     ));
+    assert_serves(&node, old_ip, PORT, OLD_PORT);
 
     session.resume();
     let t = session.until_pause();
@@ -64,6 +65,7 @@ fn switching_a_node_from_the_go_plugins_to_ours_and_back() {
     let (new_id, new_ip) = started(&node, t, NEW_PORT);
     assert_footprint_gone(&node, &old_id);
     assert_eq!(node.veths().len(), 1, "only the new container's veth");
+    // Removing the old container did not disturb the bridge or the new one's rules.
     assert_serves(&node, new_ip, PORT, NEW_PORT);
     PluginSet::Go.install(&bin);
 
