@@ -25,7 +25,7 @@ pub const HTTP: u16 = 8080;
 pub const DNS: u16 = 5353;
 /// Long enough for a loaded machine, short enough that failing probes stay quick: a failing
 /// TCP probe is refused at once and a failing UDP one meets an ICMP error.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Proto {
@@ -67,6 +67,18 @@ impl Node {
                 "net.ipv6.conf.all.forwarding=1",
             ],
         );
+        // With br_netfilter, conntrack on the bridge would undo hairpin DNAT by itself; without
+        // it, hairpin traffic works only through portmap's masquerading, which is what we test.
+        if std::path::Path::new("/proc/sys/net/bridge").exists() {
+            host.run(
+                "sysctl",
+                &[
+                    "-qw",
+                    "net.bridge.bridge-nf-call-iptables=0",
+                    "net.bridge.bridge-nf-call-ip6tables=0",
+                ],
+            );
+        }
         let up = unique_name("pmu");
         host.ip(&[
             "link",
@@ -114,6 +126,11 @@ impl Node {
 
     /// A pod attached to the bridge (dual stack when `dual`), its result as a runtime gets it.
     pub fn pod(&self, dual: bool) -> Pod {
+        self.pod_with_id(dual, &unique_name("ctr"))
+    }
+
+    /// The same, with the container ID given.
+    pub fn pod_with_id(&self, dual: bool, id: &str) -> Pod {
         let ns = TestNs::new("pmp");
         ns.run(
             "sysctl",
@@ -123,7 +140,7 @@ impl Node {
                 "net.ipv6.conf.default.accept_dad=0",
             ],
         );
-        let id = unique_name("ctr");
+        let id = id.to_string();
         let result = Invocation::at(PathBuf::from(GO_PLUGIN_DIR).join("bridge"), "ADD")
             .path(GO_PLUGIN_DIR)
             .netns(&ns.path_str())
@@ -287,13 +304,25 @@ fn tcp_echo(to: SocketAddr, token: &str) -> bool {
     got == token.as_bytes()
 }
 
+/// A UDP echo from a fixed source port, so that conntrack sees one flow across probes.
+pub fn udp_reaches_from(from: &TestNs, src_port: u16, dst: &str, port: u16) -> bool {
+    let to = SocketAddr::new(dst.parse().unwrap(), port);
+    let token = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
+    let ns = Netns::open(from.path()).unwrap();
+    ns.run(|| udp_echo_bound(to, src_port, &token)).unwrap()
+}
+
 fn udp_echo(to: SocketAddr, token: &str) -> bool {
-    let any: SocketAddr = if to.is_ipv4() {
-        "0.0.0.0:0".parse().unwrap()
+    udp_echo_bound(to, 0, token)
+}
+
+fn udp_echo_bound(to: SocketAddr, src_port: u16, token: &str) -> bool {
+    let any: IpAddr = if to.is_ipv4() {
+        "0.0.0.0".parse().unwrap()
     } else {
-        "[::]:0".parse().unwrap()
+        "::".parse().unwrap()
     };
-    let s = UdpSocket::bind(any).unwrap();
+    let s = UdpSocket::bind(SocketAddr::new(any, src_port)).unwrap();
     s.connect(to).unwrap();
     s.set_read_timeout(Some(PROBE_TIMEOUT)).unwrap();
     if s.send(token.as_bytes()).is_err() {
