@@ -3,8 +3,10 @@
 
 pub mod conntrack;
 pub mod firewall;
+pub mod ipmasq;
 pub mod netlink;
 pub mod netns;
+pub mod procsys;
 pub mod sysctl;
 
 pub use netlink::Netlink;

@@ -1,0 +1,219 @@
+//! Rule batches of one operation (masquerade, spoof-check): each tool runs once per operation,
+//! the tools side by side, and removal reads the current rules first so that it deletes
+//! exactly what is there, whoever wrote it.
+
+use crate::firewall::{self, Family};
+use cni_protocol::CniError;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// One tool run: an `iptables-restore --noflush` document or an `nft -f` transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Batch {
+    Iptables(Family, String),
+    Nft(String),
+}
+
+impl Batch {
+    /// Runs the tool on the batch.
+    pub fn apply(&self) -> Result<(), CniError> {
+        match self {
+            Batch::Iptables(family, doc) => firewall::iptables_restore(*family, doc),
+            Batch::Nft(script) => firewall::nft_apply(script),
+        }
+    }
+
+    /// Runs the batch through `primed` (the same tool, already started) when there is one.
+    pub fn apply_with(&self, primed: Option<Primed>) -> Result<(), CniError> {
+        match (primed, self) {
+            (Some(p), Batch::Iptables(_, input) | Batch::Nft(input)) => p.apply(input),
+            (None, _) => self.apply(),
+        }
+    }
+}
+
+/// A rule tool started before its input is known, so that its start-up (loading its
+/// libraries) overlaps other work. Dropped unused, it reads an empty input and exits idle.
+pub struct Primed {
+    program: &'static str,
+    child: Option<Child>,
+}
+
+impl Primed {
+    /// Starts `iptables-restore --noflush` (or ip6tables-restore) for `family`.
+    pub fn iptables(family: Family) -> Result<Primed, CniError> {
+        let program = match family {
+            Family::V4 => "iptables-restore",
+            Family::V6 => "ip6tables-restore",
+        };
+        Self::start(program, &["--noflush", "-w", "5"])
+    }
+
+    /// Starts `nft -f -`: one transaction.
+    pub fn nft() -> Result<Primed, CniError> {
+        Self::start("nft", &["-f", "-"])
+    }
+
+    fn start(program: &'static str, args: &[&str]) -> Result<Primed, CniError> {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| CniError::io(format!("running {program}: {e}")))?;
+        Ok(Primed {
+            program,
+            child: Some(child),
+        })
+    }
+
+    /// Hands the tool its whole input and waits for it to apply it.
+    pub fn apply(mut self, input: &str) -> Result<(), CniError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let program = self.program;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| CniError::io(format!("writing to {program}: {e}")))?;
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| CniError::io(format!("waiting for {program}: {e}")))?;
+        if !out.status.success() {
+            return Err(CniError::io(format!(
+                "{program} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+            .with_details(input.to_string()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Primed {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Whether `program` is an executable on PATH.
+pub fn has_tool(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths).any(|dir| {
+                let p = dir.join(program);
+                is_executable(&p)
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+pub fn has_iptables() -> bool {
+    has_tool("iptables-restore")
+}
+
+pub fn has_nft() -> bool {
+    has_tool("nft")
+}
+
+/// Runs every batch, each in its own thread; all run even when one fails, the first error wins.
+pub fn apply_all(batches: &[Batch]) -> Result<(), CniError> {
+    run_side_by_side(batches.iter().map(|b| move || b.apply()).collect())
+}
+
+/// Runs the jobs side by side and returns the first error.
+pub fn run_side_by_side<F>(jobs: Vec<F>) -> Result<(), CniError>
+where
+    F: FnOnce() -> Result<(), CniError> + Send,
+{
+    if jobs.len() <= 1 {
+        return jobs.into_iter().try_for_each(|j| j());
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(j)).collect();
+        let mut first = Ok(());
+        for h in handles {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(CniError::internal("a rule batch thread panicked")));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
+}
+
+/// Times a removal is retried when another writer changed the rules between read and write.
+const ATTEMPTS: usize = 3;
+
+/// Removes rules of `table` chosen from its current content: `plan` reads the
+/// `iptables-save -t <table>` text and returns the document that deletes them (None: nothing).
+pub fn iptables_remove(
+    family: Family,
+    table: &str,
+    plan: impl Fn(&str) -> Option<String>,
+) -> Result<(), CniError> {
+    let mut last = Ok(());
+    for _ in 0..ATTEMPTS {
+        let saved = firewall::iptables_save(family, table)?;
+        let Some(doc) = plan(&saved) else {
+            return Ok(());
+        };
+        last = firewall::iptables_restore(family, &doc);
+        if last.is_ok() {
+            return Ok(());
+        }
+    }
+    last
+}
+
+/// Removes nftables rules chosen from listings: each of `lists` is the arguments of one
+/// `nft -j list ...` (an absent table or chain reads as an empty string); `plan` returns the
+/// transaction that deletes them (None: nothing).
+pub fn nft_remove(
+    lists: &[&[&str]],
+    plan: impl Fn(&[String]) -> Option<String>,
+) -> Result<(), CniError> {
+    let mut last = Ok(());
+    for _ in 0..ATTEMPTS {
+        let listings = lists
+            .iter()
+            .map(|args| nft_list(args))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(script) = plan(&listings) else {
+            return Ok(());
+        };
+        last = firewall::nft_apply(&script);
+        if last.is_ok() {
+            return Ok(());
+        }
+    }
+    last
+}
+
+/// `nft -j <args>`; a table or chain that does not exist lists as nothing.
+fn nft_list(args: &[&str]) -> Result<String, CniError> {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    match firewall::nft_query(&full) {
+        Ok(out) => Ok(out),
+        Err(e) if e.msg.contains("No such file or directory") => Ok(String::new()),
+        Err(e) => Err(e),
+    }
+}
