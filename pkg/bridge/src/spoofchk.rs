@@ -29,7 +29,9 @@ fn rule_comment(ref_id: &str) -> String {
 /// One `nft -f` transaction: the table and chains (created if missing, emptied if present),
 /// the jump for `host_veth`, and the rule that lets only `mac` through.
 pub fn setup_script(host_veth: &str, mac: &[u8; 6], ref_id: &str) -> String {
-    let (iface, macc) = (go_quote(&iface_chain(ref_id)), go_quote(&mac_chain(ref_id)));
+    // Chain names go unquoted: nft takes identifiers there (container IDs and interface
+    // names only hold characters identifiers allow).
+    let (iface, macc) = (iface_chain(ref_id), mac_chain(ref_id));
     let c = go_quote(&rule_comment(ref_id));
     format!(
         "add table {TABLE}\n\
@@ -59,9 +61,8 @@ pub fn teardown_script(listing: &Value, ref_id: &str) -> Option<String> {
     let chains = nft_chains(listing);
     for chain in [iface_chain(ref_id), mac_chain(ref_id)] {
         if chains.contains(&chain) {
-            let q = go_quote(&chain);
             s.push_str(&format!(
-                "flush chain {TABLE} {q}\ndelete chain {TABLE} {q}\n"
+                "flush chain {TABLE} {chain}\ndelete chain {TABLE} {chain}\n"
             ));
         }
     }
@@ -78,12 +79,12 @@ mod tests {
         let s = setup_script("veth1234", &[0x0a, 0x58, 0, 0, 0, 2], &ref_id("c1", "eth0"));
         assert!(s.contains("add chain bridge nat PREROUTING { type filter hook prerouting priority -300 ; policy accept ; }"));
         assert!(s.contains(
-            "add rule bridge nat PREROUTING iifname \"veth1234\" jump \"cni-br-iface-c1-eth0\" comment \"macspoofchk-c1-eth0\"\n"
+            "add rule bridge nat PREROUTING iifname \"veth1234\" jump cni-br-iface-c1-eth0 comment \"macspoofchk-c1-eth0\"\n"
         ));
         assert!(s.contains(
-            "add rule bridge nat \"cni-br-iface-c1-eth0-mac\" ether saddr 0a:58:00:00:00:02 return comment \"macspoofchk-c1-eth0\"\n"
+            "add rule bridge nat cni-br-iface-c1-eth0-mac ether saddr 0a:58:00:00:00:02 return comment \"macspoofchk-c1-eth0\"\n"
         ));
-        assert!(s.contains("add rule bridge nat \"cni-br-iface-c1-eth0-mac\" drop"));
+        assert!(s.contains("add rule bridge nat cni-br-iface-c1-eth0-mac drop"));
     }
 
     #[test]
@@ -100,8 +101,8 @@ mod tests {
         assert_eq!(
             teardown_script(&listing, "c1-eth0").unwrap(),
             "delete rule bridge nat PREROUTING handle 5\n\
-             flush chain bridge nat \"cni-br-iface-c1-eth0\"\ndelete chain bridge nat \"cni-br-iface-c1-eth0\"\n\
-             flush chain bridge nat \"cni-br-iface-c1-eth0-mac\"\ndelete chain bridge nat \"cni-br-iface-c1-eth0-mac\"\n"
+             flush chain bridge nat cni-br-iface-c1-eth0\ndelete chain bridge nat cni-br-iface-c1-eth0\n\
+             flush chain bridge nat cni-br-iface-c1-eth0-mac\ndelete chain bridge nat cni-br-iface-c1-eth0-mac\n"
         );
         assert_eq!(teardown_script(&listing, "c9-eth0"), None);
     }

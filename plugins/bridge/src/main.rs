@@ -1,1 +1,224 @@
-fn main() {}
+//! `bridge`: puts a container on a Linux bridge of the host through a veth pair, with its
+//! addresses from an IPAM plugin, the bridge as its gateway, and masquerading.
+//!
+//! Independent slow work overlaps: IPAM runs while the links are made, the rule batch while
+//! the pod and the bridge get their addresses, and on DEL the IPAM release and the rule
+//! removal while the veth is deleted.
+
+mod check;
+mod ipam;
+mod links;
+mod pod;
+mod rules;
+mod undo;
+
+use cni_bridge::gateway::{apply_gateways, Gateways};
+use cni_bridge::{families_to_clean, NetConf};
+use cni_kernel::netlink::Netlink;
+use cni_kernel::Netns;
+use cni_protocol::invoke::delegate;
+use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
+use ipam::Ipam;
+use ipnetwork::IpNetwork;
+use links::LinkRef;
+use std::thread::{self, Scope, ScopedJoinHandle};
+use std::time::Duration;
+use undo::Undo;
+
+/// How long ADD waits for the host end of the veth to come up on the bridge.
+const PORT_UP_TIMEOUT: Duration = Duration::from_millis(2500);
+
+struct Bridge;
+
+fn load(req: &Request) -> Result<NetConf, CniError> {
+    NetConf::parse(&req.config, &req.name, &req.env.args)
+}
+
+fn joined<T>(h: ScopedJoinHandle<'_, Result<T, CniError>>) -> Result<T, CniError> {
+    h.join()
+        .unwrap_or_else(|_| Err(CniError::internal("a worker thread panicked")))
+}
+
+impl Plugin for Bridge {
+    fn about(&self) -> &'static str {
+        "CNI bridge plugin (Rust)"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        let conf = load(req)?;
+        conf.check_for_add()?;
+        let pod_ns = Netns::open(&req.env.netns)?;
+        let host = Netlink::open()?;
+        let pod = Netlink::open_in(&pod_ns)?;
+        thread::scope(|s| {
+            // IPAM allocates, and the rule tools start, while the links are made.
+            let mut ipam = Ipam::start(s, req, &conf);
+            let writers = rules::Writers::start(&conf);
+            let mut undo = Undo::default();
+            let added = attach(
+                s, req, &conf, &host, &pod_ns, &pod, &mut ipam, writers, &mut undo,
+            );
+            if added.is_err() {
+                undo.run(&host, req, &conf, &mut ipam);
+            }
+            added
+        })
+    }
+
+    fn del(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load(req)?;
+        let (env, conf) = (&req.env, &conf);
+        thread::scope(|s| {
+            // IPAM releases the address while the interface goes.
+            let released = conf
+                .ipam_type
+                .as_deref()
+                .map(|t| s.spawn(move || delegate(env, Command::Del, t, &req.config)));
+            // The interface, while its namespace lasts, tells which families of rules exist.
+            let found = pod::find_container_link(&env.netns, &env.ifname);
+            let families = families_to_clean(
+                found
+                    .as_ref()
+                    .ok()
+                    .and_then(Option::as_ref)
+                    .map(|c| c.addresses.as_slice()),
+            );
+            // The rules are found by name, so they go even when the namespace is gone.
+            let removed = (conf.ip_masq || conf.mac_spoof_check)
+                .then(|| s.spawn(move || rules::remove(env, conf, &families)));
+            // Deleting the container end deletes the pair.
+            let deleted =
+                found.and_then(|c| c.map(|c| c.pod.delete_link(c.link.index)).transpose());
+            let released = released.map(joined).transpose();
+            let removed = removed.map(joined).transpose();
+            deleted?;
+            released?;
+            removed?;
+            Ok(())
+        })
+    }
+
+    fn check(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load(req)?;
+        let prev = req.prev_result()?.ok_or_else(|| {
+            CniError::invalid_config("CHECK needs the previous result (field \"prevResult\")")
+        })?;
+        if let Some(t) = &conf.ipam_type {
+            delegate(&req.env, Command::Check, t, &req.config)?;
+        }
+        check::attachment(req, &conf, &prev)
+    }
+
+    fn status(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load(req)?;
+        match &conf.ipam_type {
+            Some(t) => delegate(&req.env, Command::Status, t, &req.config),
+            None => Ok(()),
+        }
+    }
+}
+
+/// ADD's work after the checks; `undo` records what to take back if a later step fails.
+#[allow(clippy::too_many_arguments)]
+fn attach<'scope, 'env>(
+    s: &'scope Scope<'scope, 'env>,
+    req: &'env Request,
+    conf: &'env NetConf,
+    host: &Netlink,
+    pod_ns: &Netns,
+    pod: &Netlink,
+    ipam: &mut Ipam<'scope, 'env>,
+    writers: rules::Writers,
+    undo: &mut Undo,
+) -> Result<CniResult, CniError> {
+    let env = &req.env;
+    let bridge = links::ensure_bridge(host, conf)?;
+    let veth = links::create_veth(host, pod, pod_ns, &bridge, conf, &env.ifname)?;
+    undo.veth_made(veth.host.index);
+    links::configure_port(host, &veth.host, conf)?;
+    let mut result = CniResult {
+        interfaces: vec![
+            bridge.interface(""),
+            veth.host.interface(""),
+            veth.container.interface(&env.netns),
+        ],
+        ..Default::default()
+    };
+
+    let mut gateways = Gateways::default();
+    if let Some(allocated) = ipam.result()? {
+        result.ips = allocated.ips;
+        result.routes = allocated.routes;
+        result.dns = allocated.dns;
+        gateways = apply_gateways(&mut result, conf)?;
+    }
+
+    // The rules are written while the pod and the bridge get their addresses.
+    let addrs: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
+    let container_mac: [u8; 6] = veth.container.mac.as_slice().try_into().unwrap_or([0; 6]);
+    let spoof = conf
+        .mac_spoof_check
+        .then_some((veth.host.name.as_str(), container_mac));
+    let batches = rules::add_batches(env, conf, &addrs, spoof);
+    if !batches.is_empty() {
+        undo.rules_made(families_to_clean(Some(&addrs)));
+    }
+    let written = s.spawn(move || writers.write(batches));
+
+    let configured = configure(
+        req,
+        conf,
+        host,
+        pod_ns,
+        pod,
+        &bridge,
+        &veth,
+        &gateways,
+        &mut result,
+    );
+    let written = joined(written);
+    configured?;
+    written?;
+
+    if let Some(dns) = &conf.dns {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
+/// The pod's addresses and routes, the gateways on the bridge, the port up; then the MACs as
+/// they are now (the host end's and the bridge's may change while ports come).
+#[allow(clippy::too_many_arguments)]
+fn configure(
+    req: &Request,
+    conf: &NetConf,
+    host: &Netlink,
+    pod_ns: &Netns,
+    pod: &Netlink,
+    bridge: &LinkRef,
+    veth: &links::Veth,
+    gateways: &Gateways,
+    result: &mut CniResult,
+) -> Result<(), CniError> {
+    let ifname = &req.env.ifname;
+    if conf.is_layer3() {
+        pod::configure(pod_ns, pod, conf, ifname, &veth.container, result)?;
+    } else if !conf.disable_container_interface {
+        pod.set_up(veth.container.index, true)?;
+    }
+    if let Some(vlan_gateway) = links::ensure_gateways(host, bridge, conf, gateways)? {
+        result.interfaces.push(vlan_gateway.interface(""));
+    }
+    if !conf.disable_container_interface {
+        let up = host.wait_oper_up(veth.host.index, PORT_UP_TIMEOUT)?;
+        result.interfaces[1] = LinkRef::of(&up).interface("");
+    }
+    if let Some(now) = host.link_by_index(bridge.index)? {
+        result.interfaces[0] = LinkRef::of(&now).interface("");
+    }
+    Ok(())
+}
+
+fn main() {
+    cni_protocol::run(&Bridge)
+}

@@ -1,0 +1,154 @@
+//! The attachment's firewall rules: masquerade (iptables or nftables) and MAC spoof-check,
+//! one batch per tool per operation.
+
+use cni_bridge::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
+use cni_kernel::firewall::Family;
+use cni_kernel::ipmasq::{self, Batch, Primed};
+use cni_protocol::{CniError, Env};
+use ipnetwork::IpNetwork;
+use serde_json::Value;
+
+fn family(f: IpFamily) -> Family {
+    match f {
+        IpFamily::V4 => Family::V4,
+        IpFamily::V6 => Family::V6,
+    }
+}
+
+/// The rule tools an ADD will run, started before the addresses are known so that their
+/// start-up overlaps IPAM; unused ones exit idle when dropped.
+#[derive(Default)]
+pub struct Writers {
+    iptables_v4: Option<Primed>,
+    nft: Option<Primed>,
+}
+
+impl Writers {
+    /// Starts the tools `conf` will need (IPv6 iptables, rarer, starts when needed).
+    pub fn start(conf: &NetConf) -> Writers {
+        let masq = conf.ip_masq && conf.is_layer3();
+        let backend = masq.then(|| {
+            MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft())
+        });
+        Writers {
+            iptables_v4: (backend == Some(MasqBackend::Iptables))
+                .then(|| Primed::iptables(Family::V4).ok())
+                .flatten(),
+            nft: (backend == Some(MasqBackend::Nftables) || conf.mac_spoof_check)
+                .then(|| Primed::nft().ok())
+                .flatten(),
+        }
+    }
+
+    /// Applies the batches side by side, each through its started tool where there is one.
+    pub fn write(mut self, batches: Vec<Batch>) -> Result<(), CniError> {
+        let jobs: Vec<_> = batches
+            .into_iter()
+            .map(|b| {
+                let primed = match &b {
+                    Batch::Iptables(Family::V4, _) => self.iptables_v4.take(),
+                    Batch::Nft(_) => self.nft.take(),
+                    Batch::Iptables(Family::V6, _) => None,
+                };
+                move || b.apply_with(primed)
+            })
+            .collect();
+        drop(self);
+        ipmasq::run_side_by_side(jobs)
+    }
+}
+
+/// The batches of an ADD: masquerade for `addrs` (ipMasq) and the spoof-check of the host
+/// veth for the container's MAC (macspoofchk). Rules of the same tool share one batch.
+pub fn add_batches(
+    env: &Env,
+    conf: &NetConf,
+    addrs: &[IpNetwork],
+    spoof: Option<(&str, [u8; 6])>,
+) -> Vec<Batch> {
+    let mut batches = Vec::new();
+    let mut nft = String::new();
+    if conf.ip_masq && !addrs.is_empty() {
+        let backend =
+            MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft());
+        match backend {
+            MasqBackend::Iptables => batches.extend(
+                masq::iptables_add(&conf.name, &env.container_id, addrs)
+                    .into_iter()
+                    .map(|(f, doc)| Batch::Iptables(family(f), doc)),
+            ),
+            MasqBackend::Nftables => nft.push_str(&masq::nft_add(
+                &conf.name,
+                &env.ifname,
+                &env.container_id,
+                addrs,
+            )),
+        }
+    }
+    if let Some((host_veth, mac)) = spoof {
+        let id = spoofchk::ref_id(&env.container_id, &env.ifname);
+        nft.push_str(&spoofchk::setup_script(host_veth, &mac, &id));
+    }
+    if !nft.is_empty() {
+        batches.push(Batch::Nft(nft));
+    }
+    batches
+}
+
+/// Removes the attachment's rules wherever they are, found by name: the iptables chain hash
+/// and comment in each of `families`, and the nftables comments (of either backend, since the
+/// pod may have been added with the other one, by either implementation).
+pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), CniError> {
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
+    if conf.ip_masq && ipmasq::has_iptables() {
+        for f in families {
+            let f = family(*f);
+            jobs.push(Box::new(move || {
+                ipmasq::iptables_remove(f, "nat", |saved| {
+                    masq::iptables_remove(saved, &conf.name, &env.container_id)
+                })
+            }));
+        }
+    }
+    let want_masq = conf.ip_masq;
+    let want_spoof = conf.mac_spoof_check;
+    if (want_masq || want_spoof) && ipmasq::has_nft() {
+        jobs.push(Box::new(move || {
+            remove_nft(env, conf, want_masq, want_spoof)
+        }));
+    }
+    ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
+}
+
+const MASQ_CHAIN: &[&str] = &["list", "chain", "inet", masq::NFT_TABLE, masq::NFT_CHAIN];
+const SPOOF_TABLE: &[&str] = &["list", "table", "bridge", "nat"];
+
+fn remove_nft(env: &Env, conf: &NetConf, masq_rules: bool, spoof: bool) -> Result<(), CniError> {
+    let lists: Vec<&[&str]> = [(masq_rules, MASQ_CHAIN), (spoof, SPOOF_TABLE)]
+        .into_iter()
+        .filter_map(|(on, l)| on.then_some(l))
+        .collect();
+    ipmasq::nft_remove(&lists, |listings| {
+        let parsed: Vec<Value> = listings
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
+            .collect();
+        let mut script = String::new();
+        let mut next = parsed.iter();
+        if masq_rules {
+            if let Some(s) = next
+                .next()
+                .and_then(|l| masq::nft_remove(l, &conf.name, &env.ifname, &env.container_id))
+            {
+                script.push_str(&s);
+            }
+        }
+        if spoof {
+            let id = spoofchk::ref_id(&env.container_id, &env.ifname);
+            if let Some(s) = next.next().and_then(|l| spoofchk::teardown_script(l, &id)) {
+                script.push_str(&s);
+            }
+        }
+        (!script.is_empty()).then_some(script)
+    })
+}

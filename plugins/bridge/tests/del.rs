@@ -1,0 +1,108 @@
+//! DEL removes the veth, the address and the rules, also when the namespace is gone first
+//! or not named at all (where the Go plugin leaks the rules), and a repeated DEL succeeds.
+
+mod common;
+
+use common::Node;
+use serde_json::json;
+use testkit::TestNs;
+
+fn masq_conf(node: &Node, backend: &str) -> serde_json::Value {
+    node.conf(
+        "1.0.0",
+        json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend, "macspoofchk": true}),
+    )
+}
+
+fn nft_leftovers(node: &Node, id: &str) -> bool {
+    node.nft(&["table", "inet", "cni_plugins_masquerade"])
+        .contains(&cni_bridge::masq::nft_instance_hash("testnet", "eth0", id))
+        || node.nft(&["table", "bridge", "nat"]).contains(id)
+}
+
+#[test]
+fn del_after_add_and_twice() {
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let pod = TestNs::new("bp");
+        let conf = masq_conf(&node, backend);
+        node.add(&pod, "d1", &conf).ok();
+        assert!(!node.reserved().is_empty());
+        node.del(Some(&pod), "d1", &conf).ok();
+        node.assert_clean();
+        assert!(!nft_leftovers(&node, "d1"));
+        assert!(pod.link("eth0").is_none());
+        node.del(Some(&pod), "d1", &conf).ok();
+        node.assert_clean();
+    }
+}
+
+#[test]
+fn del_after_the_namespace_is_gone() {
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let pod = TestNs::new("bp");
+        let path = pod.path_str();
+        let conf = masq_conf(&node, backend);
+        node.add(&pod, "gone", &conf).ok();
+        drop(pod);
+        let out = node
+            .invocation("DEL", None, "gone")
+            .netns(&path)
+            .run_in_ns(&node.host, &conf);
+        out.ok();
+        node.assert_clean();
+        assert!(!nft_leftovers(&node, "gone"));
+    }
+}
+
+#[test]
+fn del_without_a_namespace() {
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let pod = TestNs::new("bp");
+        let conf = masq_conf(&node, backend);
+        node.add(&pod, "nons", &conf).ok();
+        // The runtime removed the namespace and sends DEL with CNI_NETNS empty.
+        drop(pod);
+        node.del(None, "nons", &conf).ok();
+        node.assert_clean();
+        assert!(!nft_leftovers(&node, "nons"));
+        node.del(None, "nons", &conf).ok();
+    }
+}
+
+#[test]
+fn del_of_what_was_never_added() {
+    let node = Node::new();
+    let pod = TestNs::new("bp");
+    let conf = masq_conf(&node, "iptables");
+    node.del(Some(&pod), "never", &conf).ok();
+    node.del(None, "never", &conf).ok();
+    node.assert_clean();
+}
+
+#[test]
+fn del_removes_only_its_own_pod() {
+    let node = Node::new();
+    let (a, b) = (TestNs::new("bp"), TestNs::new("bp"));
+    let conf = masq_conf(&node, "iptables");
+    node.add(&a, "pod-a", &conf).ok();
+    let rb = node.add(&b, "pod-b", &conf).ok();
+    node.del(None, "pod-a", &conf).ok();
+    assert_eq!(node.cni_nat_lines().len(), 4, "{}", node.nat());
+    assert!(node.nat().contains("id: \\\"pod-b\\\""));
+    assert_eq!(node.reserved().len(), 1);
+    let ip_b = rb["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    assert_eq!(node.reserved(), vec![ip_b.to_string()]);
+    assert!(b.link("eth0").is_some());
+    // a's veth stays: without a namespace DEL cannot tell which one it was.
+    drop(a);
+    node.del(Some(&b), "pod-b", &conf).ok();
+    node.assert_clean();
+}
