@@ -267,3 +267,45 @@ fn check_asks_the_bridge_about_the_pod_it_made() {
     assert_eq!(host_veths(&host), Vec::<Value>::new());
     assert!(!node.saved(&container).exists());
 }
+
+#[test]
+fn status_asks_bridge_and_host_local_once_subnet_env_is_there() {
+    let node = Node::new(STACK);
+    let conf = node.flannel_config("1.1.0", json!({}));
+    let status = || node.flannel("STATUS").run(&conf);
+    let out = status();
+    out.err(50);
+    assert!(out.msg().contains("has not written it"), "{}", out.msg());
+    node.write_subnet_env("subnet-dual.env");
+    status().ok();
+}
+
+#[test]
+fn gc_forgets_the_containers_the_runtime_no_longer_has() {
+    let node = Node::new(STACK);
+    node.write_subnet_env("subnet-ipv4.env");
+    let host = TestNs::new("flh");
+    let pods = [TestNs::new("flp"), TestNs::new("flp")];
+    let ids = [unique_name("ctr"), unique_name("ctr")];
+    let conf = node.flannel_config("1.1.0", json!({"delegate": {"isDefaultGateway": true}}));
+    let inv = |cmd: &str, i: usize| {
+        node.flannel(cmd)
+            .container_id(&ids[i])
+            .netns(&pods[i].path_str())
+    };
+    for i in [0, 1] {
+        inv("ADD", i).run_in_ns(&host, &conf).ok();
+    }
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": ids[0], "ifname": "eth0"}]);
+    node.flannel("GC").run_in_ns(&host, &gc).ok();
+    assert!(node.saved(&ids[0]).exists(), "the live container is kept");
+    assert!(
+        !node.saved(&ids[1]).exists(),
+        "the gone container is forgotten"
+    );
+
+    inv("DEL", 0).run_in_ns(&host, &conf).ok();
+    assert!(pods[0].link("eth0").is_none());
+    assert!(!node.saved(&ids[0]).exists());
+}

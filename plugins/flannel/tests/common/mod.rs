@@ -21,7 +21,7 @@ pub enum Stack {
 }
 
 /// The stack the kernel tests run.
-pub const STACK: Stack = Stack::Go;
+pub const STACK: Stack = Stack::Ours;
 
 pub struct Node {
     pub dir: tempfile::TempDir,
