@@ -5,7 +5,7 @@
 mod backend;
 
 use cni_kernel::firewall::Family;
-use cni_kernel::{conntrack, sysctl};
+use cni_kernel::{conntrack, procsys};
 use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
 use cni_protocol::{CniError, CniResult, Plugin, Request};
 
@@ -17,7 +17,7 @@ fn load_config(req: &Request) -> Result<Config, CniError> {
 
 /// Lets packets from 127.0.0.1, DNATed towards the container, be routed out of `dev`.
 fn allow_localhost_sources(dev: &str) -> Result<(), CniError> {
-    sysctl::set(&format!("net.ipv4.conf.{dev}.route_localnet"), "1")
+    procsys::set(procsys::Proto::Ipv4, dev, "route_localnet", "1")
         .map_err(|e| e.context("enabling route_localnet for localhost host ports"))
 }
 

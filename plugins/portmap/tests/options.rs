@@ -423,3 +423,18 @@ fn the_backend_is_chosen_and_an_unknown_one_refused() {
     out.err(7);
     assert!(out.msg().contains("\"bpf\""), "{}", out.msg());
 }
+
+#[test]
+fn route_localnet_reaches_a_bridge_with_a_dot_in_its_name() {
+    let mut node = Node::new();
+    node.bridge = testkit::unique_name("pm.");
+    let mut pod = node.pod(false);
+    pod.serve();
+    add(&node, &pod, json!({}), web_and_dns());
+    assert_eq!(
+        node.host
+            .sysctl(&format!("net/ipv4/conf/{}/route_localnet", node.bridge)),
+        "1"
+    );
+    assert!(reaches(&node.host, Proto::Tcp, "127.0.0.1", HTTP));
+}
