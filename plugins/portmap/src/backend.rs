@@ -49,7 +49,7 @@ pub fn default_backend() -> Backend {
     }
 }
 
-fn family(addr: IpNetwork) -> Family {
+pub fn family(addr: IpNetwork) -> Family {
     if addr.is_ipv4() {
         Family::V4
     } else {

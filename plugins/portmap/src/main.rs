@@ -4,7 +4,6 @@
 
 mod backend;
 
-use cni_kernel::firewall::Family;
 use cni_kernel::{conntrack, procsys};
 use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
 use cni_protocol::{CniError, CniResult, Plugin, Request};
@@ -31,11 +30,7 @@ fn forget_stale_udp_flows(conf: &Config, addrs: &ContainerAddrs) {
         .map(|m| m.host_port)
         .collect();
     for addr in addrs.iter() {
-        let family = if addr.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
-        };
+        let family = backend::family(addr);
         if let Err(e) = conntrack::delete_by_dst_port(family, Protocol::Udp.number(), &ports) {
             eprintln!("deleting stale UDP conntrack entries for {addr}: {e}");
         }
