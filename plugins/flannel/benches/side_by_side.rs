@@ -121,6 +121,19 @@ fn main() {
     .unwrap();
     let go_config = build_delegate(&go_conf, &go_subnet).unwrap();
 
+    // Our bridge alone, given the same kind of config: what flannel itself adds to ours.
+    let direct_subnet = SubnetEnv::parse(
+        "FLANNEL_NETWORK=10.252.0.0/16\nFLANNEL_SUBNET=10.252.1.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
+    )
+    .unwrap();
+    let direct_conf = NetConf::parse(&json!({
+        "cniVersion": "1.0.0", "name": "benchdirect", "type": "flannel",
+        "ipam": {"dataDir": tmp.path().join("direct/networks")},
+        "delegate": {"bridge": "cnib2", "hairpinMode": true, "isDefaultGateway": true}
+    }))
+    .unwrap();
+    let direct_config = build_delegate(&direct_conf, &direct_subnet).unwrap();
+
     let mut stacks = [
         Stack {
             label: "ours",
@@ -140,6 +153,15 @@ fn main() {
             add: Vec::new(),
             del: Vec::new(),
         },
+        Stack {
+            label: "direct",
+            plugin: bin_dir().join("bridge"),
+            cni_path: bin_dir().display().to_string(),
+            config: direct_config,
+            pod: TestNs::new("flbd"),
+            add: Vec::new(),
+            del: Vec::new(),
+        },
     ];
 
     for n in 0..10 {
@@ -148,9 +170,9 @@ fn main() {
         }
     }
     for n in 0..iterations {
-        // Alternate which goes first so neither always follows the other's teardown.
-        let order: [usize; 2] = if n % 2 == 0 { [0, 1] } else { [1, 0] };
-        for i in order {
+        // Rotate which goes first so none always follows another's teardown.
+        for k in 0..stacks.len() {
+            let i = (n + k) % stacks.len();
             stacks[i].round(&host, n + 10, true);
         }
     }
@@ -165,6 +187,7 @@ fn main() {
     let names = [
         "ours: flannel -> bridge -> host-local",
         "Go (Debian 1.1.1): bridge -> host-local",
+        "ours without flannel: bridge -> host-local",
     ];
     for (s, name) in stacks.iter().zip(names) {
         println!(
