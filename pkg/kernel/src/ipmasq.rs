@@ -5,7 +5,7 @@
 use crate::firewall::{self, Family};
 use cni_protocol::CniError;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 /// One tool run: an `iptables-restore --noflush` document or an `nft -f` transaction.
@@ -56,7 +56,10 @@ impl Primed {
     }
 
     fn start(program: &'static str, args: &[&str]) -> Result<Primed, CniError> {
-        let child = Command::new(program)
+        // Found once here, so that the child does not try every PATH entry in turn.
+        let path = find_tool(program)
+            .ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
+        let child = Command::new(path)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -106,14 +109,15 @@ impl Drop for Primed {
 
 /// Whether `program` is an executable on PATH.
 pub fn has_tool(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths).any(|dir| {
-                let p = dir.join(program);
-                is_executable(&p)
-            })
-        })
-        .unwrap_or(false)
+    find_tool(program).is_some()
+}
+
+/// Where `program` is on PATH.
+fn find_tool(program: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
 }
 
 fn is_executable(p: &Path) -> bool {

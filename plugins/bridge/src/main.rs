@@ -14,6 +14,7 @@ mod undo;
 
 use cni_bridge::gateway::{apply_gateways, Gateways};
 use cni_bridge::{families_to_clean, NetConf};
+use cni_kernel::ipmasq::Batch;
 use cni_kernel::netlink::Netlink;
 use cni_kernel::Netns;
 use cni_protocol::invoke::delegate;
@@ -48,18 +49,13 @@ impl Plugin for Bridge {
         let conf = load(req)?;
         conf.check_for_add()?;
         let pod_ns = Netns::open(&req.env.netns)?;
-        let host = Netlink::open()?;
-        let pod = Netlink::open_in(&pod_ns)?;
         thread::scope(|s| {
-            // IPAM allocates, and the rule tools start, while the links are made.
+            // IPAM allocates while the links are made.
             let mut ipam = Ipam::start(s, req, &conf);
-            let writers = rules::Writers::start(&conf);
             let mut undo = Undo::default();
-            let added = attach(
-                s, req, &conf, &host, &pod_ns, &pod, &mut ipam, writers, &mut undo,
-            );
+            let added = attach(s, req, &conf, &pod_ns, &mut ipam, &mut undo);
             if added.is_err() {
-                undo.run(&host, req, &conf, &mut ipam);
+                undo.run(req, &conf, &mut ipam);
             }
             added
         })
@@ -119,22 +115,32 @@ impl Plugin for Bridge {
 }
 
 /// ADD's work after the checks; `undo` records what to take back if a later step fails.
-#[allow(clippy::too_many_arguments)]
 fn attach<'scope, 'env>(
     s: &'scope Scope<'scope, 'env>,
     req: &'env Request,
     conf: &'env NetConf,
-    host: &Netlink,
     pod_ns: &Netns,
-    pod: &Netlink,
     ipam: &mut Ipam<'scope, 'env>,
-    writers: rules::Writers,
     undo: &mut Undo,
 ) -> Result<CniResult, CniError> {
     let env = &req.env;
+    let host = &Netlink::open()?;
+    let pod = &Netlink::open_in(pod_ns)?;
     let bridge = links::ensure_bridge(host, conf)?;
     let veth = links::create_veth(host, pod, pod_ns, &bridge, conf, &env.ifname)?;
-    undo.veth_made(veth.host.index);
+    undo.veth_made(host, veth.host.index);
+    // The rule tools start in a thread of their own while IPAM finishes; it applies the
+    // batches once the addresses are known.
+    let (send_batches, batches) = std::sync::mpsc::channel::<Vec<Batch>>();
+    let written = (conf.ip_masq || conf.mac_spoof_check).then(|| {
+        s.spawn(move || {
+            let writers = rules::Writers::start(conf);
+            match batches.recv() {
+                Ok(batches) => writers.write(batches),
+                Err(_) => Ok(()),
+            }
+        })
+    });
     links::configure_port(host, &veth.host, conf)?;
     let mut result = CniResult {
         interfaces: vec![
@@ -163,7 +169,7 @@ fn attach<'scope, 'env>(
     if !batches.is_empty() {
         undo.rules_made(families_to_clean(Some(&addrs)));
     }
-    let written = s.spawn(move || writers.write(batches));
+    let _ = send_batches.send(batches);
 
     let configured = configure(
         req,
@@ -176,7 +182,7 @@ fn attach<'scope, 'env>(
         &gateways,
         &mut result,
     );
-    let written = joined(written);
+    let written = written.map(joined).transpose();
     configured?;
     written?;
 

@@ -8,13 +8,13 @@ use cni_protocol::Request;
 
 #[derive(Default)]
 pub struct Undo {
-    host_veth: Option<u32>,
+    host_veth: Option<(Netlink, u32)>,
     rules: Option<Vec<IpFamily>>,
 }
 
 impl Undo {
-    pub fn veth_made(&mut self, host_index: u32) {
-        self.host_veth = Some(host_index);
+    pub fn veth_made(&mut self, host: &Netlink, host_index: u32) {
+        self.host_veth = Some((host.clone(), host_index));
     }
 
     /// Recorded before the batch runs: a batch that half failed is removed too.
@@ -24,13 +24,13 @@ impl Undo {
 
     /// Removes everything recorded and gives the address back; what fails here is reported on
     /// stderr, since the error the runtime sees is the one that made ADD fail.
-    pub fn run(self, host: &Netlink, req: &Request, conf: &NetConf, ipam: &mut Ipam) {
+    pub fn run(self, req: &Request, conf: &NetConf, ipam: &mut Ipam) {
         if let Some(families) = &self.rules {
             if let Err(e) = rules::remove(&req.env, conf, families) {
                 eprintln!("rolling back: removing the rules failed: {e}");
             }
         }
-        if let Some(index) = self.host_veth {
+        if let Some((host, index)) = self.host_veth {
             // Deleting one end deletes the pair, the container end with it.
             if let Err(e) = host.delete_link(index) {
                 eprintln!("rolling back: deleting the veth failed: {e}");
