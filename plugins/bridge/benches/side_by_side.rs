@@ -6,7 +6,7 @@
 //! * the peak RSS of the bridge process (wait4's rusage, which also covers the children it
 //!   waited for: IPAM and the rule tools).
 //!
-//! Run as root: `cargo build --release -p host-local && cargo bench -p bridge`.
+//! Run as root: `cargo bench -p bridge` (it builds our host-local in release if missing).
 //! BENCH_PODS and BENCH_CONCURRENCY change the sizes.
 
 use serde_json::{json, Value};
@@ -187,37 +187,30 @@ fn measure(imp: &Impl, pods: &[TestNs], workers: usize) -> Figures {
     }
 }
 
-/// Our binaries: the bridge cargo built for this bench, and host-local from the same
-/// target directory when it is there and answers (else Debian's, and the report says so).
+/// Our binaries: the bridge cargo built for this bench and host-local from the same target
+/// directory, built here when it is missing.
 fn ours() -> Impl {
     let bridge = PathBuf::from(env!("CARGO_BIN_EXE_bridge"));
-    let ours_hl = bridge.with_file_name("host-local");
-    let works = std::process::Command::new(&ours_hl)
-        .env("CNI_COMMAND", "VERSION")
-        .output()
-        .map(|o| {
-            o.status.success() && String::from_utf8_lossy(&o.stdout).contains("supportedVersions")
-        })
-        .unwrap_or(false);
-    let host_local = if works {
-        ours_hl
-    } else {
-        eprintln!(
-            "note: {} is missing or not working; ours runs with Debian's Go host-local \
-             (cargo build --release -p host-local first)",
-            ours_hl.display()
-        );
-        Path::new(GO_PLUGIN_DIR).join("host-local")
-    };
+    let host_local = bridge.with_file_name("host-local");
+    if !host_local.exists() {
+        let target = bridge
+            .parent()
+            .and_then(Path::parent)
+            .expect("the target directory");
+        eprintln!("building host-local (release) into {}", target.display());
+        let status =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["build", "--release", "-p", "host-local", "--target-dir"])
+                .arg(target)
+                .status()
+                .expect("running cargo");
+        assert!(status.success(), "building host-local failed");
+    }
     let dir = TempDir::new().unwrap();
     symlink(&bridge, dir.path().join("bridge")).unwrap();
     symlink(&host_local, dir.path().join("host-local")).unwrap();
     Impl {
-        label: if works {
-            "rust bridge + rust host-local"
-        } else {
-            "rust bridge + go host-local"
-        },
+        label: "rust bridge + rust host-local",
         dir: dir.path().to_path_buf(),
         _keep: Some(dir),
     }

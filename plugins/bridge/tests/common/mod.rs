@@ -5,31 +5,12 @@
 use serde_json::{json, Value};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use tempfile::TempDir;
 use testkit::{bin_dir, Invocation, PluginOutput, TestNs, GO_PLUGIN_DIR};
 
-/// Our host-local when the workspace's build answers VERSION, else Debian's Go one.
+/// Our host-local, built with the workspace.
 pub fn host_local() -> PathBuf {
-    static FOUND: OnceLock<PathBuf> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let ours = bin_dir().join("host-local");
-            let works = std::process::Command::new(&ours)
-                .env("CNI_COMMAND", "VERSION")
-                .output()
-                .map(|o| {
-                    o.status.success()
-                        && String::from_utf8_lossy(&o.stdout).contains("supportedVersions")
-                })
-                .unwrap_or(false);
-            if works {
-                ours
-            } else {
-                Path::new(GO_PLUGIN_DIR).join("host-local")
-            }
-        })
-        .clone()
+    bin_dir().join("host-local")
 }
 
 /// An IPAM plugin that always fails with code 11.
