@@ -145,29 +145,59 @@ pub fn iptables_add(
 /// every POSTROUTING rule that jumps to its chain or carries its comment, then the chain.
 /// None when nothing of it is there.
 pub fn iptables_remove(saved: &str, network: &str, container_id: &str) -> Option<String> {
-    let chain = chain_name(network, container_id);
-    let quoted_comment = format!("--comment {}", restore_arg(&comment(network, container_id)));
-    let jump = format!("-j {chain}");
+    iptables_remove_all(saved, network, &[container_id])
+}
+
+/// The same for several containers of `network`, in one document.
+pub fn iptables_remove_all(saved: &str, network: &str, container_ids: &[&str]) -> Option<String> {
     let mut doc = String::from("*nat\n");
     let mut found = false;
-    let mut chain_exists = false;
-    for line in saved.lines() {
-        if line == format!(":{chain} - [0:0]") || line.starts_with(&format!(":{chain} ")) {
-            chain_exists = true;
-        } else if let Some(rule) = line.strip_prefix("-A POSTROUTING ") {
-            let jumps = rule.ends_with(&jump) || rule.contains(&format!("{jump} "));
-            if jumps || rule.contains(&quoted_comment) {
-                doc.push_str(&format!("-D POSTROUTING {rule}\n"));
-                found = true;
+    for id in container_ids {
+        let chain = chain_name(network, id);
+        let quoted_comment = format!("--comment {}", restore_arg(&comment(network, id)));
+        let jump = format!("-j {chain}");
+        let mut chain_exists = false;
+        for line in saved.lines() {
+            if line.starts_with(&format!(":{chain} ")) {
+                chain_exists = true;
+            } else if let Some(rule) = line.strip_prefix("-A POSTROUTING ") {
+                let jumps = rule.ends_with(&jump) || rule.contains(&format!("{jump} "));
+                if jumps || rule.contains(&quoted_comment) {
+                    doc.push_str(&format!("-D POSTROUTING {rule}\n"));
+                    found = true;
+                }
             }
         }
-    }
-    if chain_exists {
-        doc.push_str(&format!("-F {chain}\n-X {chain}\n"));
-        found = true;
+        if chain_exists {
+            doc.push_str(&format!("-F {chain}\n-X {chain}\n"));
+            found = true;
+        }
     }
     doc.push_str("COMMIT\n");
     found.then_some(doc)
+}
+
+/// The containers of `network` that have masquerade rules, read from the comments of
+/// `iptables-save -t nat`: what GC compares with the attachments to keep.
+pub fn iptables_containers(saved: &str, network: &str) -> Vec<String> {
+    let head = format!(
+        "--comment {}",
+        restore_arg(&format!("name: {} id: ", go_quote(network)))
+    );
+    // The quoted comment ends `id: \"<id>\""`: cut the prefix's closing quote off.
+    let head = &head[..head.len() - 1];
+    let mut ids: Vec<String> = saved
+        .lines()
+        .filter(|l| l.starts_with("-A POSTROUTING "))
+        .filter_map(|l| {
+            let rest = &l[l.find(head)? + head.len()..];
+            let rest = rest.strip_prefix("\\\"")?;
+            Some(rest[..rest.find("\\\"")?].to_string())
+        })
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// The nftables table the Go plugin's nftables backend uses.
@@ -292,6 +322,22 @@ pub fn nft_remove(
     (!lines.is_empty()).then_some(lines)
 }
 
+/// From the `masq_checks` listing, the transaction that deletes the rules of `network` whose
+/// comment is none of the attachments to keep (ifname, container ID); None when all are kept.
+pub fn nft_gc(listing: &Value, network: &str, keep: &[(&str, &str)]) -> Option<String> {
+    let net = format!("{}-", nft_network_hash(network));
+    let kept: Vec<String> = keep
+        .iter()
+        .map(|(ifname, id)| nft_comment(network, ifname, id))
+        .collect();
+    let lines: String = nft_rules(listing)
+        .into_iter()
+        .filter(|(chain, _, c)| chain == NFT_CHAIN && c.starts_with(&net) && !kept.contains(c))
+        .map(|(_, handle, _)| format!("delete rule inet {NFT_TABLE} {NFT_CHAIN} handle {handle}\n"))
+        .collect();
+    (!lines.is_empty()).then_some(lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,6 +425,45 @@ mod tests {
         assert!(iptables_remove(&orphan, "btnet", "c1")
             .unwrap()
             .contains("-D POSTROUTING"));
+    }
+
+    #[test]
+    fn gc_finds_the_networks_containers_and_removes_them_at_once() {
+        let a = iptables_add("net", "ctr-a", &nets(&["10.1.0.2/24"]));
+        let b = iptables_add("net", "ctr-b", &nets(&["10.1.0.3/24"]));
+        let other = iptables_add("other", "ctr-c", &nets(&["10.2.0.3/24"]));
+        // As iptables-save lists them: chains, then the rules.
+        let saved: String = [&a[0].1, &b[0].1, &other[0].1]
+            .iter()
+            .flat_map(|d| d.lines())
+            .filter(|l| !l.starts_with('*') && *l != "COMMIT")
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(iptables_containers(&saved, "net"), vec!["ctr-a", "ctr-b"]);
+        assert_eq!(iptables_containers(&saved, "other"), vec!["ctr-c"]);
+        let doc = iptables_remove_all(&saved, "net", &["ctr-a", "ctr-b"]).unwrap();
+        assert_eq!(doc.matches("-D POSTROUTING").count(), 2);
+        assert!(doc.contains(&format!("-X {}", chain_name("net", "ctr-a"))));
+        assert!(doc.contains(&format!("-X {}", chain_name("net", "ctr-b"))));
+        assert!(!doc.contains(&chain_name("other", "ctr-c")));
+    }
+
+    #[test]
+    fn nft_gc_keeps_the_valid_attachments_and_other_networks() {
+        let rule = |h: u64, c: String| json!({"rule": {"family": "inet", "table": NFT_TABLE, "chain": NFT_CHAIN, "handle": h, "comment": c}});
+        let listing = json!({"nftables": [
+            rule(1, nft_comment("net", "eth0", "keep")),
+            rule(2, nft_comment("net", "eth0", "stale")),
+            rule(3, nft_comment("other", "eth0", "stale")),
+        ]});
+        assert_eq!(
+            nft_gc(&listing, "net", &[("eth0", "keep")]).unwrap(),
+            "delete rule inet cni_plugins_masquerade masq_checks handle 2\n"
+        );
+        assert_eq!(
+            nft_gc(&listing, "net", &[("eth0", "keep"), ("eth0", "stale")]),
+            None
+        );
     }
 
     #[test]

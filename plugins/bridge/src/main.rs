@@ -105,6 +105,23 @@ impl Plugin for Bridge {
         check::attachment(req, &conf, &prev)
     }
 
+    fn gc(&self, req: &Request) -> Result<(), CniError> {
+        let conf = load(req)?;
+        let keep = req.valid_attachments()?;
+        let (env, conf, keep) = (&req.env, &conf, &keep);
+        thread::scope(|s| {
+            // IPAM releases what no attachment holds while the stale rules go.
+            let released = conf
+                .ipam_type
+                .as_deref()
+                .map(|t| s.spawn(move || delegate(env, Command::Gc, t, &req.config)));
+            let removed = conf.ip_masq.then(|| rules::collect_garbage(conf, keep));
+            released.map(joined).transpose()?;
+            removed.transpose()?;
+            Ok(())
+        })
+    }
+
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let conf = load(req)?;
         match &conf.ipam_type {

@@ -4,7 +4,7 @@
 use cni_bridge::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
 use cni_kernel::firewall::Family;
 use cni_kernel::ipmasq::{self, Batch, Primed};
-use cni_protocol::{CniError, Env};
+use cni_protocol::{Attachment, CniError, Env};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
 
@@ -151,4 +151,39 @@ fn remove_nft(env: &Env, conf: &NetConf, masq_rules: bool, spoof: bool) -> Resul
         }
         (!script.is_empty()).then_some(script)
     })
+}
+
+/// GC: removes the masquerade rules of this network whose attachment is not among `keep`,
+/// found by the comments (iptables: the container ID; nftables: container and interface).
+pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniError> {
+    let ids: Vec<&str> = keep.iter().map(|a| a.container_id.as_str()).collect();
+    let pairs: Vec<(&str, &str)> = keep
+        .iter()
+        .map(|a| (a.ifname.as_str(), a.container_id.as_str()))
+        .collect();
+    let (ids, pairs) = (&ids, &pairs);
+    let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
+    if ipmasq::has_iptables() {
+        for f in [Family::V4, Family::V6] {
+            jobs.push(Box::new(move || {
+                ipmasq::iptables_remove(f, "nat", |saved| {
+                    let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
+                        .into_iter()
+                        .filter(|id| !ids.contains(&id.as_str()))
+                        .collect();
+                    let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
+                    masq::iptables_remove_all(saved, &conf.name, &stale)
+                })
+            }));
+        }
+    }
+    if ipmasq::has_nft() {
+        jobs.push(Box::new(move || {
+            ipmasq::nft_remove(&[MASQ_CHAIN], |listings| {
+                let listing = serde_json::from_str(&listings[0]).unwrap_or(Value::Null);
+                masq::nft_gc(&listing, &conf.name, pairs)
+            })
+        }));
+    }
+    ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
 }
