@@ -202,6 +202,7 @@ fn attach<'scope, 'env>(
     let written = written.map(joined).transpose();
     configured?;
     written?;
+    report_links(host, conf, &bridge, &veth, &mut result)?;
 
     if let Some(dns) = &conf.dns {
         result.dns = dns.clone();
@@ -209,8 +210,7 @@ fn attach<'scope, 'env>(
     Ok(result)
 }
 
-/// The pod's addresses and routes, the gateways on the bridge, the port up; then the MACs as
-/// they are now (the host end's and the bridge's may change while ports come).
+/// The pod's addresses and routes, and the gateways on the bridge.
 #[allow(clippy::too_many_arguments)]
 fn configure(
     req: &Request,
@@ -232,6 +232,18 @@ fn configure(
     if let Some(vlan_gateway) = links::ensure_gateways(host, bridge, conf, gateways)? {
         result.interfaces.push(vlan_gateway.interface(""));
     }
+    Ok(())
+}
+
+/// Waits for the port to be up (it usually is by now), then reports the host end's and the
+/// bridge's MACs as they are: they may change while ports come and go.
+fn report_links(
+    host: &Netlink,
+    conf: &NetConf,
+    bridge: &LinkRef,
+    veth: &links::Veth,
+    result: &mut CniResult,
+) -> Result<(), CniError> {
     if !conf.disable_container_interface {
         let up = host.wait_oper_up(veth.host.index, PORT_UP_TIMEOUT)?;
         result.interfaces[1] = LinkRef::of(&up).interface("");
