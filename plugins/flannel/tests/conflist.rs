@@ -73,6 +73,11 @@ fn route_gateway(pod: &TestNs, fam: &Family, dst: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The pod's IPv4 address on eth0, without its prefix.
+fn pod_address(pod: &TestNs) -> String {
+    global_addresses(pod, &V4)[0].ip().to_string()
+}
+
 fn host_veths(host: &TestNs) -> Vec<Value> {
     host.ip_json(&["link", "show", "type", "veth"])
         .as_array()
@@ -304,6 +309,8 @@ fn gc_forgets_the_containers_the_runtime_no_longer_has() {
         !node.saved(&ids[1]).exists(),
         "the gone container is forgotten"
     );
+    // The bridge handed the list on to host-local, which released the gone one's address.
+    assert_eq!(node.allocations(), vec![pod_address(&pods[0])]);
 
     inv("DEL", 0).run_in_ns(&host, &conf).ok();
     assert!(pods[0].link("eth0").is_none());
