@@ -93,18 +93,23 @@ ip netns exec "demo-pod1-$id" busybox httpd -f -p 80 -h "$prefix/www" &
 pids+=($!)
 sleep 0.3
 pod1_ip=$(ip -n "demo-pod1-$id" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)
-show ip netns exec "demo-pod2-$id" ping -c 2 -W 1 "$pod1_ip"
-show in_host busybox wget -q -O - -T 2 "http://10.244.7.1:8080/"
+show ip netns exec "demo-pod2-$id" busybox ping -c 2 -W 1 "$pod1_ip"
+printf '$ GET http://10.244.7.1:8080/ from the node\n'
+printf 'GET / HTTP/1.0\r\n\r\n' | in_host socat -t 2 - TCP:10.244.7.1:8080 | sed 's/^/    /'
 
 step "tear down in reverse, as the runtime does at pod removal"
 for i in 2 1; do
     pod=demo-pod$i-$id
     container=demo-container-$i-$id
+    mappings='[]'
+    [ "$i" = 1 ] && mappings='[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]'
+    # As at ADD, the runtime passes the mappings again; DEL needs no prevResult.
     cni DEL portmap "$container" "/run/netns/$pod" eth0 \
-        "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",\"capabilities\":{\"portMappings\":true}}"
+        "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",\"capabilities\":{\"portMappings\":true},\"runtimeConfig\":{\"portMappings\":$mappings}}"
     cni DEL flannel "$container" "/run/netns/$pod" eth0 "$flannel_conf"
     cni DEL loopback "$container" "/run/netns/$pod" lo "$loopback_conf"
 done
 show ls -A "$prefix/lib/cni/networks/cbr0" "$prefix/lib/cni/flannel"
-show sh -c "nsenter --net=/run/netns/$host iptables-save -t nat | grep -c 'demo-container' || true"
+printf '$ iptables-save -t nat on the node, rules naming the containers:\n'
+in_host iptables-save -t nat | grep "demo-container" | sed 's/^/    /' || echo "    (none)"
 step "done: the namespaces and $prefix are removed on exit"
