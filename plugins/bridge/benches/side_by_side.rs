@@ -266,7 +266,7 @@ fn main() {
     );
     for (label, f) in [(rust.label, &r), (go.label, &g)] {
         println!(
-            "{:<34} {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>12.1} {:>7.1}MiB",
+            "{:<34} {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>12.1} {:>7.2}MiB",
             label,
             ms(f.add_p50),
             ms(f.add_p99),
@@ -278,7 +278,7 @@ fn main() {
     }
     println!(
         "ratios rust/go: ADD p50 {:.2} (target <= 0.20), DEL p50 {:.2} (target <= 0.33), \
-         throughput {:.1}x (target >= 5x), peak RSS {:.2} ({:.1} MiB, target <= 5 MiB)",
+         throughput {:.1}x (target >= 5x), peak RSS {:.2} ({:.2} MiB, target <= 5 MiB)",
         ms(r.add_p50) / ms(g.add_p50),
         ms(r.del_p50) / ms(g.del_p50),
         r.per_sec / g.per_sec,

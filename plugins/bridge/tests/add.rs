@@ -211,9 +211,13 @@ fn masquerade_with_nftables() {
     let pod = TestNs::new("bp");
     let conf = node.conf(
         "1.0.0",
-        json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": "nftables"}),
+        json!({"bridge": "cbr0", "isGateway": true, "ipMasq": true, "ipMasqBackend": "nftables"}),
     );
     let r = node.add(&pod, "nft-1", &conf).ok();
+    assert_eq!(r["interfaces"][0]["name"], "cbr0");
+    assert_eq!(link(&node.host, "cbr0")["linkinfo"]["info_kind"], "bridge");
+    assert_eq!(addrs(&node.host, "cbr0"), vec!["10.88.0.1/16"]);
+    assert!(node.host.link("cni0").is_none());
     let ip = r["ips"][0]["address"]
         .as_str()
         .unwrap()
