@@ -57,8 +57,8 @@ impl Primed {
 
     fn start(program: &'static str, args: &[&str]) -> Result<Primed, CniError> {
         // Found once here, so that the child does not try every PATH entry in turn.
-        let path = find_tool(program)
-            .ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
+        let path =
+            find_tool(program).ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
         let child = Command::new(path)
             .args(args)
             .stdin(Stdio::piped())
