@@ -1,14 +1,17 @@
 //! The environment a runtime sets for a plugin, read and validated as the spec and the Go skel do.
 
 use crate::error::{CniError, INVALID_ENVIRONMENT, UNKNOWN_CONTAINER};
-use once_cell::sync::Lazy;
-use regex::Regex;
 use std::fmt;
 use std::path::PathBuf;
 
 /// Container IDs and network names: the spec's pattern, upper case allowed.
-static ID_PATTERN: Lazy<Regex> =
-    Lazy::new(|| Regex::new(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$").expect("static pattern"));
+/// Container IDs and network names: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, upper case allowed.
+/// Checked by hand: a regex engine costs every plugin process start-up time for one pattern.
+fn matches_id_pattern(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
 
 /// A container ID names files (flannel's saved delegate), so it must fit in one file name.
 pub const MAX_CONTAINER_ID_LEN: usize = 255;
@@ -176,7 +179,7 @@ pub fn validate_container_id(id: &str) -> Result<(), CniError> {
         ))
         .with_details(id.to_string()));
     }
-    if !ID_PATTERN.is_match(id) {
+    if !matches_id_pattern(id) {
         return Err(CniError::env(format!(
             "invalid CNI_CONTAINERID {id:?}: must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
         )));
@@ -212,7 +215,7 @@ pub fn validate_network_name(name: &str) -> Result<(), CniError> {
             "missing network name (field \"name\")",
         ));
     }
-    if !ID_PATTERN.is_match(name) {
+    if !matches_id_pattern(name) {
         return Err(CniError::invalid_config(format!(
             "invalid network name {name:?} (field \"name\"): must match ^[a-zA-Z0-9][a-zA-Z0-9_.\\-]*$"
         )));
@@ -323,6 +326,16 @@ mod tests {
             assert!(e.msg.contains(&format!("{ifname:?}")), "{}", e.msg);
         }
         assert!(validate_ifname("abcdefghijklmno").is_ok());
+    }
+
+    #[test]
+    fn id_pattern() {
+        for ok in ["a", "A9", "abc-DEF_1.2", "0"] {
+            assert!(matches_id_pattern(ok), "{ok}");
+        }
+        for bad in ["", "-a", "_a", ".a", "a/b", "a b", "a:b", "é", "a\n"] {
+            assert!(!matches_id_pattern(bad), "{bad:?}");
+        }
     }
 
     #[test]
