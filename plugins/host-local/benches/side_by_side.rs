@@ -1,1 +1,220 @@
-fn main() {}
+//! ADD and DEL of our host-local and the Go one, side by side in the same run, with
+//! 10, 1,000 and 10,000 addresses already allocated in a /16.
+//!
+//! `cargo bench -p host-local`. Each implementation gets its own dataDir, pre-filled by
+//! writing reservation files directly in the Go format; each timed ADD is followed by a
+//! timed DEL of the same container, so the count stays put. Sizes and implementations
+//! take turns within each iteration so that every series sees the same machine. Times
+//! are whole process runs, as a runtime sees them; the `floor` row is `/bin/true` started
+//! the same way.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GO: &str = "/usr/lib/cni/host-local";
+const SIZES: [usize; 3] = [10, 1_000, 10_000];
+const ITERATIONS: usize = 200;
+const WARMUP: usize = 5;
+
+struct Impl {
+    bin: PathBuf,
+    data_dir: PathBuf,
+}
+
+fn config(data_dir: &Path) -> String {
+    format!(
+        r#"{{"cniVersion":"1.0.0","name":"bench","ipam":{{"type":"host-local","subnet":"10.128.0.0/16","dataDir":"{}"}}}}"#,
+        data_dir.display()
+    )
+}
+
+/// One whole plugin run; panics on failure so that a broken run is never timed as fast.
+fn run(bin: &Path, command: &str, id: &str, conf: &str) -> Duration {
+    let started = Instant::now();
+    let mut child = Command::new(bin)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", "/var/run/netns/bench")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{} {command} failed: {}{}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+/// `n` reservations as the Go plugin writes them, and its last_reserved_ip.
+fn prefill(data_dir: &Path, n: usize) {
+    let dir = data_dir.join("bench");
+    let _ = std::fs::remove_dir_all(data_dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut last = String::new();
+    for i in 0..n {
+        let host = i + 2; // .0.1 is the gateway
+        last = format!("10.128.{}.{}", host / 256, host % 256);
+        std::fs::write(dir.join(&last), format!("prefill-{i}\r\neth0")).unwrap();
+    }
+    std::fs::write(dir.join("last_reserved_ip.0"), &last).unwrap();
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+struct Row {
+    size: usize,
+    op: &'static str,
+    ours: (Duration, Duration),
+    go: Option<(Duration, Duration)>,
+}
+
+fn main() {
+    let ours = PathBuf::from(env!("CARGO_BIN_EXE_host-local"));
+    let scratch = tempfile::tempdir().unwrap();
+    let mut impls = vec![Impl {
+        bin: ours,
+        data_dir: scratch.path().join("ours"),
+    }];
+    if Path::new(GO).exists() {
+        impls.push(Impl {
+            bin: PathBuf::from(GO),
+            data_dir: scratch.path().join("go"),
+        });
+    } else {
+        eprintln!("{GO} is not installed: measuring ours alone");
+    }
+
+    // times[size][impl][op]: every series sees the same stretch of machine time, since
+    // sizes and implementations take turns within each iteration.
+    let mut times: Vec<Vec<[Vec<Duration>; 2]>> = SIZES
+        .iter()
+        .map(|_| impls.iter().map(|_| [vec![], vec![]]).collect())
+        .collect();
+    let data_dir = |im: &Impl, size: usize| im.data_dir.join(size.to_string());
+    for &size in &SIZES {
+        for im in &impls {
+            prefill(&data_dir(im, size), size);
+        }
+    }
+    for i in 0..WARMUP + ITERATIONS {
+        let id = format!("bench-{i}");
+        for (s, &size) in SIZES.iter().enumerate() {
+            for (k, im) in impls.iter().enumerate() {
+                let conf = config(&data_dir(im, size));
+                let add = run(&im.bin, "ADD", &id, &conf);
+                let del = run(&im.bin, "DEL", &id, &conf);
+                if i >= WARMUP {
+                    times[s][k][0].push(add);
+                    times[s][k][1].push(del);
+                }
+            }
+        }
+        if (i + 1) % 50 == 0 {
+            eprintln!("{} of {} iterations", i + 1, WARMUP + ITERATIONS);
+        }
+    }
+    // The cost of starting any process here, which no plugin can go below.
+    let mut floor: Vec<Duration> = (0..ITERATIONS)
+        .map(|_| {
+            let started = Instant::now();
+            let st = Command::new("/bin/true")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .status()
+                .unwrap();
+            assert!(st.success());
+            started.elapsed()
+        })
+        .collect();
+    floor.sort();
+
+    let mut rows = Vec::new();
+    for (s, &size) in SIZES.iter().enumerate() {
+        for (o, op) in ["ADD", "DEL"].into_iter().enumerate() {
+            let mut stats = times[s].iter_mut().map(|t| {
+                t[o].sort();
+                (percentile(&t[o], 0.5), percentile(&t[o], 0.99))
+            });
+            rows.push(Row {
+                size,
+                op,
+                ours: stats.next().unwrap(),
+                go: stats.next(),
+            });
+        }
+    }
+
+    println!();
+    println!(
+        "host-local: whole process runs in ms, {ITERATIONS} ADD+DEL pairs per row, addresses in a /16"
+    );
+    println!(
+        "{:>9} {:>4} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9}",
+        "allocated", "op", "ours p50", "ours p99", "go p50", "go p99", "go/ours50", "go/ours99"
+    );
+    for r in &rows {
+        let (gp50, gp99, x50, x99) = match r.go {
+            Some((g50, g99)) => (
+                ms(g50),
+                ms(g99),
+                format!("{:.1}x", g50.as_secs_f64() / r.ours.0.as_secs_f64()),
+                format!("{:.1}x", g99.as_secs_f64() / r.ours.1.as_secs_f64()),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "{:>9} {:>4} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9}",
+            r.size,
+            r.op,
+            ms(r.ours.0),
+            ms(r.ours.1),
+            gp50,
+            gp99,
+            x50,
+            x99
+        );
+    }
+    println!(
+        "{:>9} {:>4} | {:>9} {:>9} |  (starting /bin/true the same way)",
+        "floor",
+        "-",
+        ms(percentile(&floor, 0.5)),
+        ms(percentile(&floor, 0.99))
+    );
+    println!();
+    for op in ["ADD", "DEL"] {
+        let at = |size: usize| rows.iter().find(|r| r.size == size && r.op == op).unwrap();
+        let (small, large) = (at(10), at(10_000));
+        println!(
+            "ours {op}: 10,000 vs 10 allocated: p50 {:.2}x, p99 {:.2}x",
+            large.ours.0.as_secs_f64() / small.ours.0.as_secs_f64(),
+            large.ours.1.as_secs_f64() / small.ours.1.as_secs_f64()
+        );
+    }
+}

@@ -27,7 +27,7 @@ use std::io::{self, Write};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -105,11 +105,13 @@ pub struct Store {
 impl Store {
     /// Opens `<dataDir>/<network>`, creating it (0755) when missing, and takes its lock.
     pub fn open(dir: &Path) -> Result<Store, CniError> {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        if !dir.is_dir() {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
+        }
         Self::lock_and_load(dir, LinkMode::TmpFile)
     }
 
@@ -586,13 +588,21 @@ impl Reservations for Store {
     fn set_last_reserved(&mut self, set: usize, ip: IpAddr) -> Result<(), CniError> {
         self.begin_change()?;
         let path = self.last_reserved_path(set);
+        let text = ip.to_string();
+        // Rewritten in place: on ext4, truncating a file to zero and writing it again
+        // forces its blocks out on close, which costs milliseconds under load. A torn
+        // write only loses the round-robin position: the Go plugin and this one then
+        // start from the range's beginning.
         OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .mode(0o600)
             .open(&path)
-            .and_then(|mut f| f.write_all(ip.to_string().as_bytes()))
+            .and_then(|f| {
+                f.write_all_at(text.as_bytes(), 0)?;
+                f.set_len(text.len() as u64)
+            })
             .map_err(|e| io_err(format!("writing {}", path.display()), e))
     }
 }
@@ -618,10 +628,17 @@ pub fn check_usable(data_dir: &Path) -> Result<(), CniError> {
                     probe.display()
                 )))
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => match probe.parent() {
-                Some(parent) if !parent.as_os_str().is_empty() => probe = parent,
-                _ => return Err(unavailable(e.to_string())),
-            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                match probe.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => probe = parent,
+                    _ => return Err(unavailable(e.to_string())),
+                }
+            }
             Err(e) => return Err(unavailable(e.to_string())),
         }
     }
@@ -635,4 +652,172 @@ pub fn check_usable(data_dir: &Path) -> Result<(), CniError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn both_ways_of_linking_write_complete_files_and_refuse_taken_names() {
+        for named in [false, true] {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("net");
+            let mut s = if named {
+                Store::open_with_named_temporaries(&dir).unwrap()
+            } else {
+                Store::open(&dir).unwrap()
+            };
+            let k = Key::new("ctr", "eth0");
+            assert!(s.reserve(&k, ip("10.0.0.2")).unwrap());
+            assert!(!s
+                .reserve(&Key::new("other", "eth0"), ip("10.0.0.2"))
+                .unwrap());
+            s.set_last_reserved(0, ip("10.0.0.2")).unwrap();
+            s.close();
+            assert_eq!(std::fs::read(dir.join("10.0.0.2")).unwrap(), b"ctr\r\neth0");
+            let mode = std::fs::metadata(dir.join("10.0.0.2"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+            assert_eq!(
+                names(&dir),
+                [
+                    ".host-local.index",
+                    "10.0.0.2",
+                    "last_reserved_ip.0",
+                    "lock"
+                ],
+                "named temporaries: {named}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_reserved_is_rewritten_in_place_to_the_exact_text() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = Store::open(tmp.path()).unwrap();
+        s.set_last_reserved(3, ip("10.0.0.100")).unwrap();
+        s.set_last_reserved(3, ip("10.0.0.9")).unwrap();
+        assert_eq!(
+            std::fs::read(tmp.path().join("last_reserved_ip.3")).unwrap(),
+            b"10.0.0.9"
+        );
+        assert_eq!(s.last_reserved(3), Some(ip("10.0.0.9")));
+        std::fs::write(tmp.path().join("last_reserved_ip.3"), "10.0.0.9990").unwrap();
+        assert_eq!(s.last_reserved(3), None);
+    }
+
+    #[test]
+    fn the_index_is_dropped_when_the_network_empties() {
+        let tmp = tempfile::tempdir().unwrap();
+        let k = Key::new("a", "eth0");
+        let mut s = Store::open(tmp.path()).unwrap();
+        s.reserve(&k, ip("10.0.0.2")).unwrap();
+        s.close();
+        assert!(tmp.path().join(INDEX_NAME).exists());
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert_eq!(s.release(&k).unwrap(), [ip("10.0.0.2")]);
+        s.close();
+        assert_eq!(names(tmp.path()), ["lock"]);
+    }
+
+    #[test]
+    fn a_sealed_index_is_reused_and_anything_else_is_rebuilt() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (Key::new("a", "eth0"), Key::new("b", "eth0"));
+        let mut s = Store::open(tmp.path()).unwrap();
+        s.reserve(&a, ip("10.0.0.2")).unwrap();
+        s.close();
+
+        let s = Store::open(tmp.path()).unwrap();
+        assert!(!s.rebuilt, "sealed and unchanged: trusted");
+        drop(s);
+
+        // A write by someone else right away: the directory's mtime no longer matches.
+        std::fs::write(tmp.path().join("10.0.0.3"), "b\r\neth0").unwrap();
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert!(s.rebuilt);
+        assert_eq!(s.held_by(&b).unwrap(), [ip("10.0.0.3")]);
+        s.close();
+
+        // A crash mid-change leaves the dirty flag set.
+        let s = Store::open(tmp.path()).unwrap();
+        assert!(!s.rebuilt);
+        s.index.mark_dirty().unwrap();
+        let mut s = s;
+        s.closed = true; // dies here without sealing
+        drop(s);
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert!(s.rebuilt);
+        assert!(s.holds(&a).unwrap() && s.holds(&b).unwrap());
+    }
+
+    #[test]
+    fn a_record_the_files_contradict_triggers_a_rebuild() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = Key::new("a", "eth0");
+        let mut s = Store::open(tmp.path()).unwrap();
+        s.reserve(&a, ip("10.0.0.2")).unwrap();
+        s.close();
+        // Rewritten in place: the directory does not change, the content does.
+        std::fs::write(tmp.path().join("10.0.0.2"), "z\r\neth0").unwrap();
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert!(!s.rebuilt);
+        assert!(!s.holds(&a).unwrap());
+        assert!(s.rebuilt);
+        assert!(s.holds(&Key::new("z", "eth0")).unwrap());
+    }
+
+    #[test]
+    fn temporaries_left_by_a_crash_are_removed_on_rebuild() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(".host-local.tmp.12345"), "half").unwrap();
+        let s = Store::open(tmp.path()).unwrap();
+        s.close();
+        assert_eq!(names(tmp.path()), ["lock"]);
+    }
+
+    #[test]
+    fn many_taken_addresses_are_skipped_in_memory_after_a_while() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = Store::open(tmp.path()).unwrap();
+        let holder = Key::new("h", "eth0");
+        for i in 2..200u32 {
+            s.reserve(&holder, ip(&format!("10.0.0.{i}"))).unwrap();
+        }
+        let k = Key::new("k", "eth0");
+        for i in 2..200u32 {
+            assert!(!s.reserve(&k, ip(&format!("10.0.0.{i}"))).unwrap());
+        }
+        assert!(s.known_taken.is_some());
+        assert!(s.reserve(&k, ip("10.0.0.200")).unwrap());
+        assert!(!s.reserve(&holder, ip("10.0.0.200")).unwrap());
+    }
+
+    #[test]
+    fn status_wants_a_writable_directory_or_a_place_to_make_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        check_usable(&tmp.path().join("a/b/c")).unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let e = check_usable(&file.join("x")).unwrap_err();
+        assert_eq!(e.code, 50);
+        assert!(e.msg.contains("is not a directory"), "{}", e.msg);
+    }
 }
