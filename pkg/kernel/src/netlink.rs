@@ -548,6 +548,64 @@ impl Netlink {
         }
     }
 
+    /// Deletes a link of the namespace `ns` (this socket's) and returns as soon as it is gone
+    /// from it: unlisted, its name free, off its bridge, its addresses and routes flushed.
+    /// What the kernel does after that (an RCU barrier and the final free, about 20 ms for a
+    /// veth pair) is waited for by a detached child process that holds none of the caller's
+    /// descriptors, so the runtime does not wait for it. False when the link was already gone.
+    pub fn delete_link_detached(&self, ns: &Netns, index: u32) -> Result<bool, CniError> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelLink(msg));
+        req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        req.finalize();
+        let mut bytes = vec![0u8; req.buffer_len()];
+        req.serialize(&mut bytes);
+        let sock = ns
+            .run(|| {
+                nix::sys::socket::socket(
+                    nix::sys::socket::AddressFamily::Netlink,
+                    nix::sys::socket::SockType::Raw,
+                    nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+                    nix::sys::socket::SockProtocol::NetlinkRoute,
+                )
+            })?
+            .map_err(|e| CniError::io(format!("opening a netlink socket: {e}")))?;
+        // SAFETY: the child only makes raw system calls (dup2, close_range, send, _exit) on
+        // memory prepared before the fork, as a child of a multithreaded process may.
+        let child = match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => unsafe {
+                use nix::libc;
+                libc::dup2(sock.as_raw_fd(), 0);
+                libc::syscall(libc::SYS_close_range, 1u32, u32::MAX, 0u32);
+                libc::send(0, bytes.as_ptr().cast(), bytes.len(), 0);
+                libc::_exit(0)
+            },
+            Ok(nix::unistd::ForkResult::Parent { child }) => child,
+            // No child: delete here and wait for the kernel.
+            Err(_) => return self.delete_link(index),
+        };
+        drop(sock);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut pause = Duration::from_micros(100);
+        loop {
+            if self.link_by_index(index)?.is_none() {
+                return Ok(true);
+            }
+            let exited = !matches!(
+                nix::sys::wait::waitpid(child, Some(nix::sys::wait::WaitPidFlag::WNOHANG)),
+                Ok(nix::sys::wait::WaitStatus::StillAlive)
+            );
+            if exited || Instant::now() >= deadline {
+                // The child is done (or stuck) and the link is still there: delete it here,
+                // which reports why it cannot go.
+                return self.delete_link(index);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+
     /// Waits until the link's operational state is up (a veth is once both ends are up).
     pub fn wait_oper_up(&self, index: u32, timeout: Duration) -> Result<LinkMessage, CniError> {
         let deadline = Instant::now() + timeout;

@@ -193,20 +193,33 @@ pub fn ensure_gateways(
     };
     let target = vlan_gateway.as_ref().unwrap_or(bridge);
     for gw in gateways.all() {
-        let existing: Vec<_> = host
+        // Every pod after the first finds its gateway there already: no address dump then.
+        if !host.add_address(target.index, *gw)? {
+            continue;
+        }
+        // Newly added: the Go plugin's rule about the other addresses of the family.
+        let others: Vec<_> = host
             .address_infos(target.index)?
             .into_iter()
             .map(|a| a.address)
+            .filter(|a| a != gw)
             .collect();
-        let AddressPlan::Add { remove } =
-            plan_bridge_address(&target.name, &existing, *gw, conf.force_address)?
-        else {
-            continue;
+        let remove = match plan_bridge_address(&target.name, &others, *gw, conf.force_address) {
+            Ok(AddressPlan::Add { remove }) => remove,
+            Ok(AddressPlan::Keep) => Vec::new(),
+            Err(e) => {
+                let _ = host.del_address(target.index, *gw);
+                return Err(e);
+            }
         };
-        for old in remove {
-            host.del_address(target.index, old)?;
+        if !remove.is_empty() {
+            for old in remove {
+                host.del_address(target.index, old)?;
+            }
+            // Removing a primary IPv4 address removes its secondaries, ours among them.
+            host.add_address(target.index, *gw)?;
         }
-        if host.add_address(target.index, *gw)? && vlan_gateway.is_none() {
+        if vlan_gateway.is_none() {
             // Pin the bridge's MAC: it would otherwise follow whichever port has the lowest.
             if let Some(link) = host.link_by_index(target.index)? {
                 if let Some(mac) = mac_bytes(&link) {

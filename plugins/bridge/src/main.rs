@@ -82,9 +82,12 @@ impl Plugin for Bridge {
             // The rules are found by name, so they go even when the namespace is gone.
             let removed = (conf.ip_masq || conf.mac_spoof_check)
                 .then(|| s.spawn(move || rules::remove(env, conf, &families)));
-            // Deleting the container end deletes the pair.
-            let deleted =
-                found.and_then(|c| c.map(|c| c.pod.delete_link(c.link.index)).transpose());
+            // Deleting the container end deletes the pair; DEL returns once both are gone
+            // from the namespaces, not when the kernel has finished freeing them.
+            let deleted = found.and_then(|c| {
+                c.map(|c| c.pod.delete_link_detached(&c.ns, c.link.index))
+                    .transpose()
+            });
             let released = released.map(joined).transpose();
             let removed = removed.map(joined).transpose();
             deleted?;

@@ -97,9 +97,10 @@ fn settle_addresses(pod: &Netlink, link: &LinkRef, ifname: &str) -> Result<(), C
     }
 }
 
-/// The container interface as DEL finds it: the socket in its namespace, the link, and its
+/// The container interface as DEL finds it: its namespace, a socket there, the link, and its
 /// global addresses (which tell the families of its masquerade rules).
 pub struct ContainerLink {
+    pub ns: Netns,
     pub pod: Netlink,
     pub link: LinkRef,
     pub addresses: Vec<IpNetwork>,
@@ -121,6 +122,7 @@ pub fn find_container_link(netns: &str, ifname: &str) -> Result<Option<Container
         .filter(|a| is_global_unicast(a.ip()))
         .collect();
     Ok(Some(ContainerLink {
+        ns,
         pod,
         link,
         addresses,
