@@ -4,9 +4,9 @@
 //! `cargo bench -p host-local`. Each implementation gets its own dataDir, pre-filled by
 //! writing reservation files directly in the Go format; each timed ADD is followed by a
 //! timed DEL of the same container, so the count stays put. Sizes and implementations
-//! take turns within each iteration so that every series sees the same machine. Times
-//! are whole process runs, as a runtime sees them; the `floor` row is `/bin/true` started
-//! the same way.
+//! take turns in a shuffled order within each iteration so that every series sees the
+//! same machine. Times are whole process runs, as a runtime sees them; the `floor` row
+//! is `/bin/true` started the same way.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -121,17 +121,27 @@ fn main() {
             prefill(&data_dir(im, size), size);
         }
     }
+    let mut order: Vec<(usize, usize)> = (0..SIZES.len())
+        .flat_map(|s| (0..impls.len()).map(move |k| (s, k)))
+        .collect();
+    let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
     for i in 0..WARMUP + ITERATIONS {
         let id = format!("bench-{i}");
-        for (s, &size) in SIZES.iter().enumerate() {
-            for (k, im) in impls.iter().enumerate() {
-                let conf = config(&data_dir(im, size));
-                let add = run(&im.bin, "ADD", &id, &conf);
-                let del = run(&im.bin, "DEL", &id, &conf);
-                if i >= WARMUP {
-                    times[s][k][0].push(add);
-                    times[s][k][1].push(del);
-                }
+        // A fresh order each time, so that no series always follows the heaviest one.
+        for j in (1..order.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            order.swap(j, (rng % (j as u64 + 1)) as usize);
+        }
+        for &(s, k) in &order {
+            let im = &impls[k];
+            let conf = config(&data_dir(im, SIZES[s]));
+            let add = run(&im.bin, "ADD", &id, &conf);
+            let del = run(&im.bin, "DEL", &id, &conf);
+            if i >= WARMUP {
+                times[s][k][0].push(add);
+                times[s][k][1].push(del);
             }
         }
         if (i + 1) % 50 == 0 {

@@ -23,7 +23,7 @@ use index::{key_hash, Index, Stamp, INDEX_NAME};
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -55,14 +55,29 @@ fn reservation_ip(name: &str) -> Option<IpAddr> {
 /// The kernel's id of this boot: an index made before a reboot is not trusted.
 fn boot_id() -> [u8; 16] {
     let mut id = [0u8; 16];
-    if let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
-        let hex: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+    if let Ok(text) = read_small(Path::new("/proc/sys/kernel/random/boot_id")) {
+        let hex: Vec<u8> = text.into_iter().filter(u8::is_ascii_hexdigit).collect();
         for (i, pair) in hex.chunks(2).take(16).enumerate() {
             let s = std::str::from_utf8(pair).unwrap_or("0");
             id[i] = u8::from_str_radix(s, 16).unwrap_or(0);
         }
     }
     id
+}
+
+/// A file of at most a few dozen bytes, in one read (std's `read` also stats it first).
+fn read_small(path: &Path) -> io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    let mut buf = [0u8; 128];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf[len..])?;
+        len += n;
+        if n == 0 || len == buf.len() {
+            break;
+        }
+    }
+    Ok(buf[..len].to_vec())
 }
 
 fn last_os_error() -> io::Error {
@@ -581,7 +596,8 @@ impl Reservations for Store {
     }
 
     fn last_reserved(&mut self, set: usize) -> Option<IpAddr> {
-        let text = std::fs::read_to_string(self.last_reserved_path(set)).ok()?;
+        let bytes = read_small(&self.last_reserved_path(set)).ok()?;
+        let text = std::str::from_utf8(&bytes).ok()?;
         text.trim().parse().ok().map(crate::ip::canonical)
     }
 
