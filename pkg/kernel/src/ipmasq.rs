@@ -7,6 +7,7 @@ use cni_protocol::CniError;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 
 /// One tool run: an `iptables-restore --noflush` document or an `nft -f` transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,12 +113,20 @@ pub fn has_tool(program: &str) -> bool {
     find_tool(program).is_some()
 }
 
-/// Where `program` is on PATH.
+/// Where `program` is on PATH (looked up once per process).
 fn find_tool(program: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|dir| dir.join(program))
-        .find(|p| is_executable(p))
+    static FOUND: Mutex<Vec<(String, Option<PathBuf>)>> = Mutex::new(Vec::new());
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = found.iter().find(|(p, _)| p == program) {
+        return path.clone();
+    }
+    let path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| is_executable(p))
+    });
+    found.push((program.to_string(), path.clone()));
+    path
 }
 
 fn is_executable(p: &Path) -> bool {

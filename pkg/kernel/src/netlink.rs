@@ -75,10 +75,12 @@ impl Netlink {
 
     /// The link called `name`, or None.
     pub fn link_by_name(&self, name: &str) -> Result<Option<LinkMessage>, CniError> {
+        // Without the counters, which nothing here reads: less for the kernel to fill.
         let mut req = self
             .handle
             .link()
             .get()
+            .set_filter_mask(AddressFamily::Unspec, vec![LinkExtentMask::SkipStats])
             .match_name(name.to_string())
             .execute();
         match self.block_on(req.try_next()) {
@@ -244,7 +246,13 @@ impl Netlink {
 
     /// The link with index `index`, or None.
     pub fn link_by_index(&self, index: u32) -> Result<Option<LinkMessage>, CniError> {
-        let mut req = self.handle.link().get().match_index(index).execute();
+        let mut req = self
+            .handle
+            .link()
+            .get()
+            .set_filter_mask(AddressFamily::Unspec, vec![LinkExtentMask::SkipStats])
+            .match_index(index)
+            .execute();
         match self.block_on(req.try_next()) {
             Ok(link) => Ok(link),
             Err(e) if errno_of(&e) == Some(ENODEV) => Ok(None),
