@@ -96,47 +96,74 @@ fn restore_arg(s: &str) -> String {
     out
 }
 
-/// The `iptables-restore --noflush` documents that masquerade `addrs` for one container:
-/// one per family present, each declaring (and so emptying) the container's chain.
+/// The start of a family's ADD document, known before IPAM answers: the container's chain,
+/// declared (and so emptied), with its MASQUERADE rule. A tool can read it while IPAM runs.
+pub fn iptables_add_head(network: &str, container_id: &str, family: IpFamily) -> String {
+    let chain = chain_name(network, container_id);
+    let c = restore_arg(&comment(network, container_id));
+    format!(
+        "*nat\n:{chain} - [0:0]\n-A {chain} ! -d {} -m comment --comment {c} -j MASQUERADE\n",
+        family.multicast()
+    )
+}
+
+/// The rest once the addresses are known: each subnet's ACCEPT inserted above the MASQUERADE
+/// rule (the order the Go plugin's appends give), the POSTROUTING jumps, COMMIT.
+pub fn iptables_add_tail(
+    network: &str,
+    container_id: &str,
+    family: IpFamily,
+    addrs: &[IpNetwork],
+) -> String {
+    let chain = chain_name(network, container_id);
+    let c = restore_arg(&comment(network, container_id));
+    let ours: Vec<&IpNetwork> = addrs.iter().filter(|a| IpFamily::of(a) == family).collect();
+    let mut subnets: Vec<IpNetwork> = Vec::new();
+    for a in &ours {
+        let subnet = IpNetwork::new(a.network(), a.prefix()).unwrap_or(**a);
+        if !subnets.contains(&subnet) {
+            subnets.push(subnet);
+        }
+    }
+    let mut doc = String::new();
+    for (i, subnet) in subnets.iter().enumerate() {
+        doc.push_str(&format!(
+            "-I {chain} {} -d {subnet} -m comment --comment {c} -j ACCEPT\n",
+            i + 1
+        ));
+    }
+    for a in &ours {
+        doc.push_str(&format!(
+            "-A POSTROUTING -s {}/{} -m comment --comment {c} -j {chain}\n",
+            a.ip(),
+            family.host_prefix()
+        ));
+    }
+    doc.push_str("COMMIT\n");
+    doc
+}
+
+/// The families `addrs` has, IPv4 first.
+pub fn families(addrs: &[IpNetwork]) -> Vec<IpFamily> {
+    [IpFamily::V4, IpFamily::V6]
+        .into_iter()
+        .filter(|f| addrs.iter().any(|a| IpFamily::of(a) == *f))
+        .collect()
+}
+
+/// The whole `iptables-restore --noflush` documents that masquerade `addrs` for one
+/// container: one per family present.
 pub fn iptables_add(
     network: &str,
     container_id: &str,
     addrs: &[IpNetwork],
 ) -> Vec<(IpFamily, String)> {
-    let chain = chain_name(network, container_id);
-    let c = restore_arg(&comment(network, container_id));
-    [IpFamily::V4, IpFamily::V6]
+    families(addrs)
         .into_iter()
-        .filter_map(|family| {
-            let ours: Vec<&IpNetwork> =
-                addrs.iter().filter(|a| IpFamily::of(a) == family).collect();
-            if ours.is_empty() {
-                return None;
-            }
-            let mut doc = format!("*nat\n:{chain} - [0:0]\n");
-            let mut subnets: Vec<IpNetwork> = Vec::new();
-            for a in &ours {
-                let subnet = IpNetwork::new(a.network(), a.prefix()).unwrap_or(**a);
-                if !subnets.contains(&subnet) {
-                    subnets.push(subnet);
-                    doc.push_str(&format!(
-                        "-A {chain} -d {subnet} -m comment --comment {c} -j ACCEPT\n"
-                    ));
-                }
-            }
-            doc.push_str(&format!(
-                "-A {chain} ! -d {} -m comment --comment {c} -j MASQUERADE\n",
-                family.multicast()
-            ));
-            for a in &ours {
-                doc.push_str(&format!(
-                    "-A POSTROUTING -s {}/{} -m comment --comment {c} -j {chain}\n",
-                    a.ip(),
-                    family.host_prefix()
-                ));
-            }
-            doc.push_str("COMMIT\n");
-            Some((family, doc))
+        .map(|f| {
+            let mut doc = iptables_add_head(network, container_id, f);
+            doc.push_str(&iptables_add_tail(network, container_id, f, addrs));
+            (f, doc)
         })
         .collect()
 }
@@ -367,15 +394,22 @@ mod tests {
         assert_eq!(docs[0].0, IpFamily::V4);
         let c = r#""name: \"btnet\" id: \"c1\"""#;
         let ch = "CNI-639df9ed42b720f22f559a6c";
+        // The MASQUERADE rule comes first (it is known before IPAM answers); the ACCEPT is
+        // inserted above it, so the chain reads as the Go plugin's.
         assert_eq!(
             docs[0].1,
             format!(
                 "*nat\n:{ch} - [0:0]\n\
-                 -A {ch} -d 10.88.0.0/16 -m comment --comment {c} -j ACCEPT\n\
                  -A {ch} ! -d 224.0.0.0/4 -m comment --comment {c} -j MASQUERADE\n\
+                 -I {ch} 1 -d 10.88.0.0/16 -m comment --comment {c} -j ACCEPT\n\
                  -A POSTROUTING -s 10.88.0.2/32 -m comment --comment {c} -j {ch}\n\
                  COMMIT\n"
             )
+        );
+        assert_eq!(
+            iptables_add_head("btnet", "c1", IpFamily::V4)
+                + &iptables_add_tail("btnet", "c1", IpFamily::V4, &nets(&["10.88.0.2/16"])),
+            docs[0].1
         );
     }
 
@@ -387,7 +421,8 @@ mod tests {
             &nets(&["10.1.0.2/24", "fd00::2/64", "10.2.0.2/24"]),
         );
         assert_eq!(docs.len(), 2);
-        assert!(docs[0].1.contains("-d 10.1.0.0/24") && docs[0].1.contains("-d 10.2.0.0/24"));
+        assert!(docs[0].1.contains("-I CNI-") && docs[0].1.contains(" 1 -d 10.1.0.0/24"));
+        assert!(docs[0].1.contains(" 2 -d 10.2.0.0/24"));
         assert_eq!(docs[0].1.matches("MASQUERADE").count(), 1);
         assert_eq!(docs[0].1.matches("-A POSTROUTING").count(), 2);
         assert_eq!(docs[1].0, IpFamily::V6);

@@ -35,7 +35,7 @@ impl Batch {
 }
 
 /// A rule tool started before its input is known, so that its start-up (loading its
-/// libraries) overlaps other work. Dropped unused, it reads an empty input and exits idle.
+/// libraries) overlaps other work.
 pub struct Primed {
     program: &'static str,
     child: Option<Child>,
@@ -73,7 +73,19 @@ impl Primed {
         })
     }
 
-    /// Hands the tool its whole input and waits for it to apply it.
+    /// Gives the tool the start of its input, which it reads (loading what that needs) while
+    /// the rest is not known yet.
+    pub fn feed(&mut self, part: &str) -> Result<(), CniError> {
+        let program = self.program;
+        match self.child.as_mut().and_then(|c| c.stdin.as_mut()) {
+            Some(stdin) => stdin
+                .write_all(part.as_bytes())
+                .map_err(|e| CniError::io(format!("writing to {program}: {e}"))),
+            None => Err(CniError::io(format!("{program} is not running"))),
+        }
+    }
+
+    /// Hands the tool the rest of its input and waits for it to apply the whole.
     pub fn apply(mut self, input: &str) -> Result<(), CniError> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
@@ -99,6 +111,8 @@ impl Primed {
     }
 }
 
+/// Dropped unused, the tool reads the end of its input: with nothing fed it exits idle; with a
+/// fed start but no COMMIT, iptables-restore exits without committing anything.
 impl Drop for Primed {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -14,7 +14,6 @@ mod undo;
 
 use cni_bridge::gateway::{apply_gateways, Gateways};
 use cni_bridge::{families_to_clean, NetConf};
-use cni_kernel::ipmasq::Batch;
 use cni_kernel::netlink::Netlink;
 use cni_kernel::Netns;
 use cni_protocol::invoke::delegate;
@@ -149,14 +148,18 @@ fn attach<'scope, 'env>(
     let bridge = links::ensure_bridge(host, conf)?;
     let veth = links::create_veth(host, pod, pod_ns, &bridge, conf, &env.ifname)?;
     undo.veth_made(host, veth.host.index);
-    // The rule tools start in a thread of their own while IPAM finishes; it applies the
-    // batches once the addresses are known.
-    let (send_batches, batches) = std::sync::mpsc::channel::<Vec<Batch>>();
+    // The rule tools start in a thread of their own while IPAM finishes; it writes the rules
+    // once the addresses are known.
+    let (send_addrs, addrs_known) = std::sync::mpsc::channel::<Vec<IpNetwork>>();
+    let spoof = conf.mac_spoof_check.then(|| {
+        let mac: [u8; 6] = veth.container.mac.as_slice().try_into().unwrap_or([0; 6]);
+        (veth.host.name.clone(), mac)
+    });
     let written = (conf.ip_masq || conf.mac_spoof_check).then(|| {
         s.spawn(move || {
-            let writers = rules::Writers::start(conf);
-            match batches.recv() {
-                Ok(batches) => writers.write(batches),
+            let writers = rules::Writers::start(env, conf);
+            match addrs_known.recv() {
+                Ok(addrs) => writers.write(&addrs, spoof.as_ref().map(|(n, m)| (n.as_str(), *m))),
                 Err(_) => Ok(()),
             }
         })
@@ -181,15 +184,10 @@ fn attach<'scope, 'env>(
 
     // The rules are written while the pod and the bridge get their addresses.
     let addrs: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
-    let container_mac: [u8; 6] = veth.container.mac.as_slice().try_into().unwrap_or([0; 6]);
-    let spoof = conf
-        .mac_spoof_check
-        .then_some((veth.host.name.as_str(), container_mac));
-    let batches = rules::add_batches(env, conf, &addrs, spoof);
-    if !batches.is_empty() {
+    if written.is_some() {
         undo.rules_made(families_to_clean(Some(&addrs)));
     }
-    let _ = send_batches.send(batches);
+    let _ = send_addrs.send(addrs);
 
     let configured = configure(
         req,

@@ -15,84 +15,93 @@ fn family(f: IpFamily) -> Family {
     }
 }
 
-/// The rule tools an ADD will run, started before the addresses are known so that their
-/// start-up overlaps IPAM; unused ones exit idle when dropped.
-#[derive(Default)]
-pub struct Writers {
+/// The rule tools of an ADD, started before the addresses are known so that their start-up
+/// overlaps IPAM. iptables-restore for IPv4 already reads the part of its document that does
+/// not depend on the addresses. Unused, they exit without committing anything.
+pub struct Writers<'a> {
+    env: &'a Env,
+    conf: &'a NetConf,
+    backend: MasqBackend,
     iptables_v4: Option<Primed>,
     nft: Option<Primed>,
 }
 
-impl Writers {
+impl<'a> Writers<'a> {
     /// Starts the tools `conf` will need (IPv6 iptables, rarer, starts when needed).
-    pub fn start(conf: &NetConf) -> Writers {
-        let masq = conf.ip_masq && conf.is_layer3();
-        let backend = masq.then(|| {
-            MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft())
-        });
-        Writers {
-            iptables_v4: (backend == Some(MasqBackend::Iptables))
-                .then(|| Primed::iptables(Family::V4).ok())
-                .flatten(),
-            nft: (backend == Some(MasqBackend::Nftables) || conf.mac_spoof_check)
-                .then(|| Primed::nft().ok())
-                .flatten(),
-        }
-    }
-
-    /// Applies the batches side by side, each through its started tool where there is one.
-    pub fn write(mut self, batches: Vec<Batch>) -> Result<(), CniError> {
-        let jobs: Vec<_> = batches
-            .into_iter()
-            .map(|b| {
-                let primed = match &b {
-                    Batch::Iptables(Family::V4, _) => self.iptables_v4.take(),
-                    Batch::Nft(_) => self.nft.take(),
-                    Batch::Iptables(Family::V6, _) => None,
-                };
-                move || b.apply_with(primed)
-            })
-            .collect();
-        drop(self);
-        ipmasq::run_side_by_side(jobs)
-    }
-}
-
-/// The batches of an ADD: masquerade for `addrs` (ipMasq) and the spoof-check of the host
-/// veth for the container's MAC (macspoofchk). Rules of the same tool share one batch.
-pub fn add_batches(
-    env: &Env,
-    conf: &NetConf,
-    addrs: &[IpNetwork],
-    spoof: Option<(&str, [u8; 6])>,
-) -> Vec<Batch> {
-    let mut batches = Vec::new();
-    let mut nft = String::new();
-    if conf.ip_masq && !addrs.is_empty() {
+    pub fn start(env: &'a Env, conf: &'a NetConf) -> Writers<'a> {
         let backend =
             MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft());
-        match backend {
-            MasqBackend::Iptables => batches.extend(
-                masq::iptables_add(&conf.name, &env.container_id, addrs)
-                    .into_iter()
-                    .map(|(f, doc)| Batch::Iptables(family(f), doc)),
-            ),
-            MasqBackend::Nftables => nft.push_str(&masq::nft_add(
-                &conf.name,
-                &env.ifname,
-                &env.container_id,
-                addrs,
-            )),
+        let masq = conf.ip_masq && conf.is_layer3();
+        let iptables_v4 = (masq && backend == MasqBackend::Iptables)
+            .then(|| {
+                let mut p = Primed::iptables(Family::V4).ok()?;
+                let head = masq::iptables_add_head(&conf.name, &env.container_id, IpFamily::V4);
+                p.feed(&head).ok()?;
+                Some(p)
+            })
+            .flatten();
+        let nft = ((masq && backend == MasqBackend::Nftables) || conf.mac_spoof_check)
+            .then(|| Primed::nft().ok())
+            .flatten();
+        Writers {
+            env,
+            conf,
+            backend,
+            iptables_v4,
+            nft,
         }
     }
-    if let Some((host_veth, mac)) = spoof {
-        let id = spoofchk::ref_id(&env.container_id, &env.ifname);
-        nft.push_str(&spoofchk::setup_script(host_veth, &mac, &id));
+
+    /// Masquerades `addrs` (ipMasq) and pins the container's MAC on the host veth
+    /// (macspoofchk): one batch per tool, the tools side by side.
+    pub fn write(
+        mut self,
+        addrs: &[IpNetwork],
+        spoof: Option<(&str, [u8; 6])>,
+    ) -> Result<(), CniError> {
+        let (env, conf) = (self.env, self.conf);
+        let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
+        let mut nft = String::new();
+        if conf.ip_masq && !addrs.is_empty() {
+            match self.backend {
+                MasqBackend::Iptables => {
+                    for f in masq::families(addrs) {
+                        let tail = masq::iptables_add_tail(&conf.name, &env.container_id, f, addrs);
+                        match (f, self.iptables_v4.take()) {
+                            (IpFamily::V4, Some(primed)) => {
+                                jobs.push(Box::new(move || primed.apply(&tail)))
+                            }
+                            _ => {
+                                let mut doc =
+                                    masq::iptables_add_head(&conf.name, &env.container_id, f);
+                                doc.push_str(&tail);
+                                let batch = Batch::Iptables(family(f), doc);
+                                jobs.push(Box::new(move || batch.apply()));
+                            }
+                        }
+                    }
+                }
+                MasqBackend::Nftables => nft.push_str(&masq::nft_add(
+                    &conf.name,
+                    &env.ifname,
+                    &env.container_id,
+                    addrs,
+                )),
+            }
+        }
+        if let Some((host_veth, mac)) = spoof {
+            let id = spoofchk::ref_id(&env.container_id, &env.ifname);
+            nft.push_str(&spoofchk::setup_script(host_veth, &mac, &id));
+        }
+        if !nft.is_empty() {
+            let batch = Batch::Nft(nft);
+            let primed = self.nft.take();
+            jobs.push(Box::new(move || batch.apply_with(primed)));
+        }
+        // What was started and is not needed ends here, having committed nothing.
+        drop(self);
+        ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
     }
-    if !nft.is_empty() {
-        batches.push(Batch::Nft(nft));
-    }
-    batches
 }
 
 /// Removes the attachment's rules wherever they are, found by name: the iptables chain hash
