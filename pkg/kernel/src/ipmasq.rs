@@ -91,11 +91,12 @@ impl Primed {
             return Ok(());
         };
         let program = self.program;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(input.as_bytes())
-                .map_err(|e| CniError::io(format!("writing to {program}: {e}")))?;
-        }
+        // A tool that failed on the start of its input has gone: its own message says why.
+        let written = child
+            .stdin
+            .take()
+            .map(|mut stdin| stdin.write_all(input.as_bytes()))
+            .unwrap_or(Ok(()));
         let out = child
             .wait_with_output()
             .map_err(|e| CniError::io(format!("waiting for {program}: {e}")))?;
@@ -107,7 +108,7 @@ impl Primed {
             ))
             .with_details(input.to_string()));
         }
-        Ok(())
+        written.map_err(|e| CniError::io(format!("writing to {program}: {e}")))
     }
 }
 
