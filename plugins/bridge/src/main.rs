@@ -148,22 +148,13 @@ fn attach<'scope, 'env>(
     let bridge = links::ensure_bridge(host, conf)?;
     let veth = links::create_veth(host, pod, pod_ns, &bridge, conf, &env.ifname)?;
     undo.veth_made(host, veth.host.index);
-    // The rule tools start in a thread of their own while IPAM finishes; it writes the rules
-    // once the addresses are known.
-    let (send_addrs, addrs_known) = std::sync::mpsc::channel::<Vec<IpNetwork>>();
+    // The rule tools start while IPAM finishes; they write once the addresses are known.
     let spoof = conf.mac_spoof_check.then(|| {
         let mac: [u8; 6] = veth.container.mac.as_slice().try_into().unwrap_or([0; 6]);
         (veth.host.name.clone(), mac)
     });
-    let written = (conf.ip_masq || conf.mac_spoof_check).then(|| {
-        s.spawn(move || {
-            let writers = rules::Writers::start(env, conf);
-            match addrs_known.recv() {
-                Ok(addrs) => writers.write(&addrs, spoof.as_ref().map(|(n, m)| (n.as_str(), *m))),
-                Err(_) => Ok(()),
-            }
-        })
-    });
+    let rules = (conf.ip_masq || conf.mac_spoof_check)
+        .then(|| rules::RuleWriter::start(s, env, conf, spoof));
     links::configure_port(host, &veth.host, conf)?;
     let mut result = CniResult {
         interfaces: vec![
@@ -184,10 +175,10 @@ fn attach<'scope, 'env>(
 
     // The rules are written while the pod and the bridge get their addresses.
     let addrs: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
-    if written.is_some() {
+    if let Some(rules) = &rules {
         undo.rules_made(families_to_clean(Some(&addrs)));
+        rules.write(addrs);
     }
-    let _ = send_addrs.send(addrs);
 
     let configured = configure(
         req,
@@ -200,7 +191,7 @@ fn attach<'scope, 'env>(
         &gateways,
         &mut result,
     );
-    let written = written.map(joined).transpose();
+    let written = rules.map(rules::RuleWriter::join).transpose();
     configured?;
     written?;
     report_links(host, conf, &bridge, &veth, &mut result)?;

@@ -7,6 +7,8 @@ use cni_kernel::ipmasq::{self, Batch, Primed};
 use cni_protocol::{Attachment, CniError, Env};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
+use std::sync::mpsc::{channel, Sender};
+use std::thread::{Scope, ScopedJoinHandle};
 
 fn family(f: IpFamily) -> Family {
     match f {
@@ -18,7 +20,7 @@ fn family(f: IpFamily) -> Family {
 /// The rule tools of an ADD, started before the addresses are known so that their start-up
 /// overlaps IPAM. iptables-restore for IPv4 already reads the part of its document that does
 /// not depend on the addresses. Unused, they exit without committing anything.
-pub struct Writers<'a> {
+struct Writers<'a> {
     env: &'a Env,
     conf: &'a NetConf,
     backend: MasqBackend,
@@ -28,7 +30,7 @@ pub struct Writers<'a> {
 
 impl<'a> Writers<'a> {
     /// Starts the tools `conf` will need (IPv6 iptables, rarer, starts when needed).
-    pub fn start(env: &'a Env, conf: &'a NetConf) -> Writers<'a> {
+    fn start(env: &'a Env, conf: &'a NetConf) -> Writers<'a> {
         let backend =
             MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft());
         let masq = conf.ip_masq && conf.is_layer3();
@@ -54,7 +56,7 @@ impl<'a> Writers<'a> {
 
     /// Masquerades `addrs` (ipMasq) and pins the container's MAC on the host veth
     /// (macspoofchk): one batch per tool, the tools side by side.
-    pub fn write(
+    fn write(
         mut self,
         addrs: &[IpNetwork],
         spoof: Option<(&str, [u8; 6])>,
@@ -101,6 +103,44 @@ impl<'a> Writers<'a> {
         // What was started and is not needed ends here, having committed nothing.
         drop(self);
         ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
+    }
+}
+
+/// ADD's rule writer: a thread that starts the tools at once and writes the rules when it is
+/// told the addresses (never told, it commits nothing).
+pub struct RuleWriter<'scope> {
+    addrs: Sender<Vec<IpNetwork>>,
+    thread: ScopedJoinHandle<'scope, Result<(), CniError>>,
+}
+
+impl<'scope> RuleWriter<'scope> {
+    /// `spoof`: the host veth and the container MAC, for macspoofchk.
+    pub fn start<'env>(
+        s: &'scope Scope<'scope, 'env>,
+        env: &'env Env,
+        conf: &'env NetConf,
+        spoof: Option<(String, [u8; 6])>,
+    ) -> RuleWriter<'scope> {
+        let (addrs, known) = channel::<Vec<IpNetwork>>();
+        let thread = s.spawn(move || {
+            let writers = Writers::start(env, conf);
+            match known.recv() {
+                Ok(addrs) => writers.write(&addrs, spoof.as_ref().map(|(n, m)| (n.as_str(), *m))),
+                Err(_) => Ok(()),
+            }
+        });
+        RuleWriter { addrs, thread }
+    }
+
+    pub fn write(&self, addrs: Vec<IpNetwork>) {
+        let _ = self.addrs.send(addrs);
+    }
+
+    pub fn join(self) -> Result<(), CniError> {
+        drop(self.addrs);
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(CniError::internal("the rule writer thread panicked")))
     }
 }
 
