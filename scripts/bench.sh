@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Side-by-side benchmarks against Debian's Go plugins (/usr/lib/cni), each in the same run and in
+# throwaway namespaces: host-local, bridge (+host-local), flannel (-> bridge -> host-local), portmap.
+# Needs root and the containernetworking-plugins package. Pass plugin names to run only some.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "run as root: the benchmarks create network namespaces" >&2; exit 1; }
+[ -x /usr/lib/cni/bridge ] || { echo "apt-get install containernetworking-plugins first" >&2; exit 1; }
+cargo build --release --locked --quiet
+for p in "${@:-host-local bridge flannel portmap}"; do
+    for q in $p; do
+        printf '\n== %s\n' "$q"
+        cargo bench --locked --quiet -p "$q"
+    done
+done
