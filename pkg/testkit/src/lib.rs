@@ -389,7 +389,15 @@ impl Invocation {
     }
 }
 
-/// True when the Go reference plugins are installed (they are in CI).
+/// True when the Go reference plugins are installed. A developer machine may lack them and
+/// the compatibility tests then skip; in CI (`CI` set) their absence is a failed install, so
+/// it fails the test instead of letting it pass unchecked.
 pub fn go_plugins_available() -> bool {
-    Path::new(GO_PLUGIN_DIR).join("bridge").exists()
+    let present = ["bridge", "host-local", "portmap", "loopback"]
+        .iter()
+        .all(|p| Path::new(GO_PLUGIN_DIR).join(p).exists());
+    if !present && std::env::var_os("CI").is_some() {
+        panic!("the Go reference plugins are not in {GO_PLUGIN_DIR}: install containernetworking-plugins");
+    }
+    present
 }

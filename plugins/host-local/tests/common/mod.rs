@@ -22,7 +22,7 @@ pub fn go_binary() -> PathBuf {
 /// The Go reference, when installed (it is in CI).
 pub fn go(command: &str) -> Option<Invocation> {
     let bin = go_binary();
-    if bin.exists() {
+    if testkit::go_plugins_available() {
         Some(Invocation::at(bin, command).netns(NETNS))
     } else {
         eprintln!("skipping: {} is not installed", bin.display());
