@@ -6,10 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root: the benchmarks create network namespaces" >&2; exit 1; }
 [ -x /usr/lib/cni/bridge ] || { echo "apt-get install containernetworking-plugins first" >&2; exit 1; }
-cargo build --release --locked --quiet
+# The same static release build scripts/install.sh makes, so the figures are those of an install.
+host_triple=$(rustc -vV | sed -n 's/^host: //p')
+export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
+cargo build --release --locked --quiet --target "$host_triple"
 for p in "${@:-host-local bridge flannel portmap}"; do
     for q in $p; do
         printf '\n== %s\n' "$q"
-        cargo bench --locked --quiet -p "$q"
+        cargo bench --locked --quiet --target "$host_triple" -p "$q"
     done
 done

@@ -35,8 +35,7 @@ cni() {
 }
 
 step "build (release) and install into $prefix"
-(cd "$top" && cargo build --release --locked --quiet)
-"$top/scripts/install.sh" --no-build --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf
+"$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf
 printf '$ CNI_COMMAND=VERSION %s/bin/bridge\n    ' "$prefix"
 CNI_COMMAND=VERSION "$prefix/bin/bridge" </dev/null
 

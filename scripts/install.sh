@@ -33,10 +33,22 @@ done
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugins=(flannel bridge host-local portmap loopback)
 daemons=(flanneld)
-target=${CARGO_TARGET_DIR:-$top/target}/release
+target_dir=${CARGO_TARGET_DIR:-$top/target}
 
+# Release binaries are linked statically (crt-static): a plugin is exec'd for every pod, and
+# skipping the dynamic loader saves about a fifth of a millisecond per exec. Naming the target
+# explicitly keeps the flag off build scripts and proc-macros, which cannot be static.
+host_triple=""
+if command -v rustc >/dev/null; then
+    host_triple=$(rustc -vV | sed -n 's/^host: //p')
+fi
 if [ "$build" = 1 ]; then
-    (cd "$top" && cargo build --release --locked --quiet)
+    (cd "$top" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+        cargo build --release --locked --quiet --target "$host_triple")
+fi
+target=$target_dir/release
+if [ -n "$host_triple" ] && [ -x "$target_dir/$host_triple/release/${plugins[0]}" ]; then
+    target=$target_dir/$host_triple/release
 fi
 
 # Copies $1 to $2/$3 through a temporary name in the same directory, then renames it into place.

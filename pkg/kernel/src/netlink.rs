@@ -102,26 +102,10 @@ impl Netlink {
 
     /// The addresses on a link, with their prefix lengths.
     pub fn addresses(&self, index: u32) -> Result<Vec<IpNetwork>, CniError> {
-        let msgs: Vec<_> = self
-            .block_on(
-                self.handle
-                    .address()
-                    .get()
-                    .set_link_index_filter(index)
-                    .execute()
-                    .try_collect::<Vec<_>>(),
-            )
-            .map_err(nl_err(format!("listing addresses of link {index}")))?;
-        Ok(msgs
-            .iter()
-            .filter(|m| m.header.index == index)
-            .filter_map(|m| {
-                let ip = m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                })?;
-                IpNetwork::new(ip, m.header.prefix_len).ok()
-            })
+        Ok(self
+            .address_infos(index)?
+            .into_iter()
+            .map(|a| a.address)
             .collect())
     }
 }

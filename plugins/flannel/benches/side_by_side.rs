@@ -58,6 +58,15 @@ fn ms(d: Duration) -> f64 {
 
 /// The release binaries the bench runs, built fresh: cargo builds only this package's.
 fn build_release_plugins() {
+    // Built where this bench runs from: target/release, or target/<triple>/release when
+    // scripts/bench.sh passes --target (RUSTFLAGS come through the environment).
+    let dir = bin_dir();
+    let triple = dir
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .filter(|n| n.contains('-'))
+        .map(str::to_string);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([
@@ -70,6 +79,7 @@ fn build_release_plugins() {
             "-p",
             "host-local",
         ])
+        .args(triple.iter().flat_map(|t| ["--target", t.as_str()]))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .status()
         .expect("running cargo build");
