@@ -451,3 +451,29 @@ fn status_and_gc_need_cni_version_1_1_0() {
         error_message(&node.flannel(verb).run(&config(&node, "1.0.0")), 1);
     }
 }
+
+#[test]
+fn a_delegate_missing_from_cni_path_is_code_4_naming_the_type_and_the_path() {
+    let node = node();
+    node.write_subnet_env("subnet-ipv4.env");
+    let conf = node.flannel_config("1.0.0", json!({"delegate": {"type": "no-such-plugin"}}));
+    let out = node
+        .flannel("ADD")
+        .container_id("c9")
+        .netns(NETNS)
+        .run(&conf);
+    let e = out.err(4);
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("failed to find plugin \"no-such-plugin\""),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&node.cni_path().display().to_string()),
+        "{msg}"
+    );
+    assert!(
+        !node.saved("c9").exists(),
+        "no saved delegate is left behind"
+    );
+}
