@@ -2,6 +2,7 @@
 //! because an interface name may contain dots, which a dotted sysctl name cannot express.
 //! Like every /proc/sys/net file, they belong to the calling thread's namespace.
 
+use cni_protocol::env::validate_ifname;
 use cni_protocol::CniError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,17 +11,27 @@ pub enum Proto {
     Ipv6,
 }
 
-fn path(proto: Proto, ifname: &str, key: &str) -> String {
+/// The file of one interface's sysctl. The name comes from configs and results, so it must be
+/// a real interface name: `all` and `default` would change every interface of the namespace,
+/// and `/` or `..` would leave the directory.
+fn path(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
+    if ifname == "all" || ifname == "default" {
+        return Err(CniError::invalid_config(format!(
+            "interface name {ifname:?} names every interface's sysctls, not one interface's"
+        )));
+    }
+    validate_ifname(ifname)
+        .map_err(|e| CniError::invalid_config(e.msg.replace("CNI_IFNAME", "interface name")))?;
     let p = match proto {
         Proto::Ipv4 => "ipv4",
         Proto::Ipv6 => "ipv6",
     };
-    format!("/proc/sys/net/{p}/conf/{ifname}/{key}")
+    Ok(format!("/proc/sys/net/{p}/conf/{ifname}/{key}"))
 }
 
 /// Reads an interface sysctl, trimmed.
 pub fn get(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
-    let p = path(proto, ifname, key);
+    let p = path(proto, ifname, key)?;
     std::fs::read_to_string(&p)
         .map(|v| v.trim().to_string())
         .map_err(|e| CniError::io(format!("reading {p}: {e}")))
@@ -28,6 +39,23 @@ pub fn get(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
 
 /// Writes an interface sysctl.
 pub fn set(proto: Proto, ifname: &str, key: &str, value: &str) -> Result<(), CniError> {
-    let p = path(proto, ifname, key);
+    let p = path(proto, ifname, key)?;
     std::fs::write(&p, value).map_err(|e| CniError::io(format!("writing {value} to {p}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_one_real_interface_is_addressed() {
+        assert_eq!(
+            path(Proto::Ipv4, "cni0.5", "route_localnet").unwrap(),
+            "/proc/sys/net/ipv4/conf/cni0.5/route_localnet"
+        );
+        for bad in ["all", "default", "..", "a/b", "", "abcdefghijklmnop"] {
+            let e = path(Proto::Ipv4, bad, "route_localnet").unwrap_err();
+            assert_eq!(e.code, 7, "{bad}");
+        }
+    }
 }

@@ -188,3 +188,27 @@ fn every_spec_version_is_forwarded_and_printed_back_in_its_version() {
         assert!(!node.nat(false).contains(&chain), "{version}");
     }
 }
+
+#[test]
+fn a_host_interface_named_all_in_prev_result_is_refused_and_nothing_is_made() {
+    let node = Node::new();
+    let pod = node.pod(false);
+    let mut prev = pod.result.clone();
+    let host_if = prev["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|i| i.get("sandbox").is_none())
+        .expect("the pod's result names its host-side interface");
+    host_if["name"] = json!("all");
+    let conf = portmap_config("1.0.0", json!({}), web_and_dns(), Some(&prev));
+    let out = node.portmap("ADD", &pod, &conf);
+    out.err(7);
+    assert!(out.msg().contains("\"all\""), "{}", out.msg());
+    assert_eq!(
+        node.host.sysctl("net.ipv4.conf.all.route_localnet"),
+        "0",
+        "route_localnet of every interface stays off"
+    );
+    assert_nothing_made(&node, &pod);
+}
