@@ -10,6 +10,8 @@ pub const DEFAULT_SUBNET_FILE: &str = subnetenv::DEFAULT_PATH;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/flannel";
 /// How long ADD waits for a subnet.env the fabric daemon has not written yet.
 pub const DEFAULT_SUBNET_FILE_WAIT: Duration = Duration::from_secs(5);
+/// A runtime gives up on a plugin long before this; a larger wait is a mistake in the config.
+pub const MAX_SUBNET_FILE_WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConf {
@@ -61,11 +63,15 @@ impl NetConf {
         };
         let subnet_file_wait = match raw.subnet_file_wait {
             None => DEFAULT_SUBNET_FILE_WAIT,
-            Some(s) => Duration::try_from_secs_f64(s).map_err(|_| {
-                CniError::invalid_config(format!(
-                    "field \"subnetFileWait\": {s} is not a number of seconds from 0 up"
-                ))
-            })?,
+            Some(s) => Duration::try_from_secs_f64(s)
+                .ok()
+                .filter(|d| *d <= MAX_SUBNET_FILE_WAIT)
+                .ok_or_else(|| {
+                    CniError::invalid_config(format!(
+                        "field \"subnetFileWait\": {s} is not a number of seconds from 0 to {}",
+                        MAX_SUBNET_FILE_WAIT.as_secs()
+                    ))
+                })?,
         };
         Ok(NetConf {
             name: raw.name.unwrap_or_default(),
@@ -173,13 +179,21 @@ mod tests {
     }
 
     #[test]
-    fn a_negative_wait_is_code_7_naming_it() {
-        let e = NetConf::parse(&json!({"name": "n", "subnetFileWait": -1})).unwrap_err();
-        assert_eq!(e.code, 7);
-        assert!(
-            e.msg.contains("subnetFileWait") && e.msg.contains("-1"),
-            "{e}"
-        );
+    fn a_negative_or_huge_wait_is_code_7_naming_it() {
+        for (wait, shown) in [
+            (json!(-1), "-1"),
+            (json!(1e18), "1000000000000000000"),
+            (json!(601), "601"),
+        ] {
+            let e = NetConf::parse(&json!({"name": "n", "subnetFileWait": wait})).unwrap_err();
+            assert_eq!(e.code, 7);
+            assert!(
+                e.msg.contains("subnetFileWait") && e.msg.contains(shown),
+                "{e}"
+            );
+        }
+        let c = NetConf::parse(&json!({"name": "n", "subnetFileWait": 600})).unwrap();
+        assert_eq!(c.subnet_file_wait, MAX_SUBNET_FILE_WAIT);
     }
 
     #[test]
