@@ -66,14 +66,18 @@ impl Request {
         self.config.get("runtimeConfig").unwrap_or(&Value::Null)
     }
 
-    /// GC's `cni.dev/valid-attachments` (or the older `cni.dev/attachments`).
+    /// GC's `cni.dev/valid-attachments` (or the older `cni.dev/attachments`). The list must be
+    /// there: GC releases everything not in it, so a config without it (a GC run by hand, a
+    /// runtime bug) is refused rather than read as "keep nothing"; `[]` says that explicitly.
     pub fn valid_attachments(&self) -> Result<Vec<Attachment>, CniError> {
         let list = self
             .config
             .get("cni.dev/valid-attachments")
             .or_else(|| self.config.get("cni.dev/attachments"));
         let Some(list) = list.filter(|v| !v.is_null()) else {
-            return Ok(Vec::new());
+            return Err(CniError::invalid_config(
+                "GC needs \"cni.dev/valid-attachments\", the attachments to keep; pass [] to release every one",
+            ));
         };
         let items = list.as_array().ok_or_else(|| {
             CniError::decode(format!(

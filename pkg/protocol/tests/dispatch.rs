@@ -132,6 +132,15 @@ fn status_and_gc_reach_the_plugin_from_1_1_0() {
         &json!({"cniVersion": "1.1.0", "name": "n", "cni.dev/valid-attachments": [{"containerID": 1}]}),
     );
     assert_eq!((out.exit_code, v["code"].as_u64()), (1, Some(6)));
+    let (out, v) = run(&p, "GC", &json!({"cniVersion": "1.1.0", "name": "n"}));
+    assert_eq!((out.exit_code, v["code"].as_u64()), (1, Some(7)));
+    assert!(
+        v["msg"]
+            .as_str()
+            .unwrap()
+            .contains("cni.dev/valid-attachments"),
+        "{v}"
+    );
 }
 
 #[test]
