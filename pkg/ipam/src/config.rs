@@ -80,6 +80,56 @@ struct CniArgs {
     ips: Option<Vec<String>>,
 }
 
+/// The part of the config that DEL and GC read: `ipam.dataDir` alone.
+#[derive(Debug, Default, Deserialize)]
+struct StoreNetConf {
+    #[serde(default)]
+    ipam: Option<StoreIpamConf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StoreIpamConf {
+    #[serde(default, rename = "dataDir")]
+    data_dir: Option<String>,
+}
+
+fn data_dir_or_default(data_dir: Option<String>) -> PathBuf {
+    PathBuf::from(
+        data_dir
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()),
+    )
+}
+
+/// Where a network's reservations live: all that DEL and GC need. Ranges, `rangeFromFile`
+/// and requested addresses are not read, so a config edited into an invalid one (or a range
+/// file removed) after ADD cannot keep an address reserved forever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    pub network: String,
+    pub data_dir: PathBuf,
+}
+
+impl StoreConfig {
+    pub fn from_request(req: &Request) -> Result<StoreConfig, CniError> {
+        Self::load(&req.config, &req.name)
+    }
+
+    /// Wrong JSON types in `ipam` or `ipam.dataDir` are still decode errors (code 6).
+    pub fn load(config: &serde_json::Value, network: &str) -> Result<StoreConfig, CniError> {
+        let net: StoreNetConf = decode(config)?;
+        Ok(StoreConfig {
+            network: network.to_string(),
+            data_dir: data_dir_or_default(net.ipam.and_then(|i| i.data_dir)),
+        })
+    }
+
+    /// The network's directory: `<dataDir>/<network>`.
+    pub fn network_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.network)
+    }
+}
+
 /// An address the runtime asked for, and where it asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Requested {
@@ -211,11 +261,7 @@ impl IpamConfig {
 
         Ok(IpamConfig {
             network: network.to_string(),
-            data_dir: PathBuf::from(
-                ipam.data_dir
-                    .filter(|d| !d.is_empty())
-                    .unwrap_or_else(|| DEFAULT_DATA_DIR.to_string()),
-            ),
+            data_dir: data_dir_or_default(ipam.data_dir),
             rangesets,
             routes,
             resolv_conf: ipam
@@ -572,6 +618,24 @@ mod tests {
         let c = load_with(v, Version::V1_0_0, Some("10.9.0.1")).unwrap();
         let e = c.assign_requested().unwrap_err();
         assert!(e.msg.contains("10.9.0.1 (CNI_ARGS IP)"), "{}", e.msg);
+    }
+
+    #[test]
+    fn del_and_gc_read_only_the_data_dir() {
+        // Ranges that ADD would refuse, a missing range file: not read at all.
+        let v = json!({"ipam": {"subnet": "10.0.0.5/24", "rangeFromFile": "/nonexistent/r.json",
+            "ranges": [[{"subnet": "bad"}]], "dataDir": "/tmp/x"}});
+        let c = StoreConfig::load(&v, "net1").unwrap();
+        assert_eq!(c.network_dir(), PathBuf::from("/tmp/x/net1"));
+        for v in [json!({}), json!({"ipam": {"dataDir": ""}})] {
+            let c = StoreConfig::load(&v, "net1").unwrap();
+            assert_eq!(c.network_dir(), PathBuf::from("/var/lib/cni/networks/net1"));
+        }
+        let e = StoreConfig::load(&json!({"ipam": {"dataDir": 5}}), "net1").unwrap_err();
+        assert_eq!(e.code, 6);
+        assert!(e.msg.contains("ipam.dataDir"), "{}", e.msg);
+        let e = StoreConfig::load(&json!({"ipam": "x"}), "net1").unwrap_err();
+        assert_eq!(e.code, 6);
     }
 
     #[test]

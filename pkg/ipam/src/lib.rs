@@ -11,4 +11,4 @@ pub mod range;
 pub mod store;
 
 pub use allocator::{allocate, Key, Reservations};
-pub use config::IpamConfig;
+pub use config::{IpamConfig, StoreConfig};

@@ -3,7 +3,7 @@
 
 use cni_ipam::dns::load_resolv_conf;
 use cni_ipam::store::{check_usable, Store};
-use cni_ipam::{allocate, IpamConfig, Key};
+use cni_ipam::{allocate, IpamConfig, Key, StoreConfig};
 use cni_protocol::{CniError, CniResult, Dns, Plugin, Request};
 
 struct HostLocal;
@@ -35,7 +35,9 @@ impl Plugin for HostLocal {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let conf = IpamConfig::from_request(req)?;
+        // Only where the reservations are: a config that no longer validates must not
+        // keep its addresses reserved.
+        let conf = StoreConfig::from_request(req)?;
         // No directory: nothing was ever held here.
         let Some(mut store) = Store::open_existing(&conf.network_dir())? else {
             return Ok(());
@@ -69,7 +71,7 @@ impl Plugin for HostLocal {
     }
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
-        let conf = IpamConfig::from_request(req)?;
+        let conf = StoreConfig::from_request(req)?;
         let valid: Vec<Key> = req
             .valid_attachments()?
             .iter()

@@ -304,9 +304,9 @@ fn config_rules_are_code_7_naming_field_and_value() {
         .as_str()
         .unwrap()
         .contains("ipam.ranges[0][0].subnet"));
-    // The same rules hold for DEL, which must know where the files are.
+    // DEL reads only where the files are: it succeeds, and makes nothing.
     let conf = net.subnet("1.0.0", "10.0.0.0/31");
-    ours("DEL").run(&conf).err(7);
+    ours("DEL").run(&conf).ok();
     assert!(
         net.files().is_empty(),
         "nothing is made for a refused config"
@@ -337,6 +337,53 @@ fn del_without_a_network_directory_succeeds_and_creates_nothing() {
     let conf = net.subnet("1.0.0", "10.37.0.0/24");
     ours("DEL").unset("CNI_NETNS").run(&conf).ok();
     assert!(!net.data_dir().exists());
+}
+
+/// Configs that ADD refuses but that still name the network and its dataDir.
+fn no_longer_valid(net: &Net, version: &str) -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "a subnet that is not a network address",
+            net.subnet(version, "10.45.0.5/24"),
+        ),
+        (
+            "a rangeFromFile that is gone",
+            net.conf(
+                version,
+                json!({"rangeFromFile": net.tmp.path().join("gone.json")}),
+            ),
+        ),
+        (
+            "overlapping range sets",
+            net.conf(
+                version,
+                json!({"subnet": "10.45.0.0/16", "ranges": [[{"subnet": "10.45.0.0/24"}]]}),
+            ),
+        ),
+    ]
+}
+
+#[test]
+fn del_releases_even_when_the_config_no_longer_validates() {
+    let net = Net::new();
+    let conf = net.subnet("1.0.0", "10.45.0.0/24");
+    for (why, bad) in no_longer_valid(&net, "1.0.0") {
+        ours("ADD").container_id("a").run(&conf).ok();
+        ours("ADD").run(&bad).err(7);
+        ours("DEL").container_id("a").run(&bad).ok();
+        assert!(net.reservations().is_empty(), "{why}: the address is free");
+    }
+    // A malformed CNI_ARGS IP is not read by DEL either.
+    ours("ADD").container_id("a").run(&conf).ok();
+    ours("DEL").container_id("a").args("IP=zz").run(&conf).ok();
+    net.assert_empty();
+    // A wrong type where DEL does read is still a decode error, and nothing is released.
+    ours("ADD").container_id("a").run(&conf).ok();
+    let mut wrong = conf.clone();
+    wrong["ipam"]["dataDir"] = json!(5);
+    let e = ours("DEL").container_id("a").run(&wrong).err(6);
+    assert!(e["msg"].as_str().unwrap().contains("ipam.dataDir"), "{e}");
+    assert_eq!(net.reservations().len(), 1);
 }
 
 #[test]
@@ -527,6 +574,22 @@ fn gc_reports_every_failure() {
     ours("DEL").container_id("a").run(&conf).ok();
     ours("DEL").container_id("b").run(&conf).ok();
     net.assert_empty();
+}
+
+#[test]
+fn gc_releases_even_when_the_config_no_longer_validates() {
+    let net = Net::new();
+    let conf = net.subnet("1.1.0", "10.46.0.0/24");
+    for (why, mut bad) in no_longer_valid(&net, "1.1.0") {
+        ours("ADD").container_id("keep").run(&conf).ok();
+        ours("ADD").container_id("gone").run(&conf).ok();
+        bad["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
+        ours("GC").args("IP=zz").run(&bad).ok();
+        let left: Vec<String> = net.reservations().into_values().collect();
+        assert_eq!(left, ["keep\r\neth0"], "{why}");
+        ours("DEL").container_id("keep").run(&conf).ok();
+        net.assert_empty();
+    }
 }
 
 #[test]
