@@ -119,25 +119,69 @@ pub fn create_veth(
                 pod_ns.path().display()
             )));
         }
-        let host_end = host
-            .link_by_name(&name)?
-            .ok_or_else(|| CniError::io(format!("veth {name} vanished after creation")))?;
-        // The host end takes no router advertisements either.
-        let _ = procsys::set(Proto::Ipv6, &name, "accept_ra", "0");
-        let container_end = pod.link_by_name(ifname)?.ok_or_else(|| {
-            CniError::io(format!(
-                "{ifname} vanished from {} after creation",
-                pod_ns.path().display()
-            ))
-        })?;
-        return Ok(Veth {
-            host: LinkRef::of(&host_end),
-            container: LinkRef::of(&container_end),
-        });
+        return read_back_or_remove(host, pod, pod_ns, &name, ifname);
     }
     Err(CniError::internal(
         "could not find a free host veth name in 10 tries",
     ))
+}
+
+/// The two ends of a pair just made, read back by name; when that fails the pair is deleted,
+/// since no undo record can name it yet.
+fn read_back_or_remove(
+    host: &Netlink,
+    pod: &Netlink,
+    pod_ns: &Netns,
+    host_name: &str,
+    ifname: &str,
+) -> Result<Veth, CniError> {
+    let made = read_back(host, pod, pod_ns, host_name, ifname);
+    if made.is_err() {
+        remove_pair(host, pod, host_name, ifname);
+    }
+    made
+}
+
+fn read_back(
+    host: &Netlink,
+    pod: &Netlink,
+    pod_ns: &Netns,
+    host_name: &str,
+    ifname: &str,
+) -> Result<Veth, CniError> {
+    let host_end = host
+        .link_by_name(host_name)?
+        .ok_or_else(|| CniError::io(format!("veth {host_name} vanished after creation")))?;
+    // The host end takes no router advertisements either.
+    let _ = procsys::set(Proto::Ipv6, host_name, "accept_ra", "0");
+    let container_end = pod.link_by_name(ifname)?.ok_or_else(|| {
+        CniError::io(format!(
+            "{ifname} vanished from {} after creation",
+            pod_ns.path().display()
+        ))
+    })?;
+    Ok(Veth {
+        host: LinkRef::of(&host_end),
+        container: LinkRef::of(&container_end),
+    })
+}
+
+/// Deletes a pair this ADD made but could not hand on (either end takes the other with it);
+/// a failure goes to stderr, the caller returns the error that got it here.
+fn remove_pair(host: &Netlink, pod: &Netlink, host_name: &str, ifname: &str) {
+    let delete = |nl: &Netlink, name: &str| -> Result<bool, CniError> {
+        match nl.link_by_name(name)? {
+            Some(link) => nl.delete_link(link.header.index),
+            None => Ok(false),
+        }
+    };
+    let deleted = match delete(host, host_name) {
+        Ok(true) => Ok(true),
+        Ok(false) | Err(_) => delete(pod, ifname),
+    };
+    if let Err(e) = deleted {
+        eprintln!("rolling back: deleting the veth {host_name} failed: {e}");
+    }
 }
 
 /// The port's hairpin and isolation flags and its VLANs (access or trunk).
@@ -279,4 +323,43 @@ fn ensure_vlan_gateway(
     Err(CniError::internal(format!(
         "could not create the VLAN gateway interface {name:?}"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::{unique_name, TestNs};
+
+    #[test]
+    fn a_pair_that_cannot_be_read_back_is_removed() {
+        let (host_ns, pod_ns) = (TestNs::new("blh"), TestNs::new("blp"));
+        let (hns, pns) = (
+            Netns::open(host_ns.path()).unwrap(),
+            Netns::open(pod_ns.path()).unwrap(),
+        );
+        let (host, pod) = (
+            Netlink::open_in(&hns).unwrap(),
+            Netlink::open_in(&pns).unwrap(),
+        );
+        let name = unique_name("vt");
+        let made = host
+            .create_veth(&VethSpec {
+                name: &name,
+                mtu: None,
+                controller: None,
+                up: false,
+                peer_name: "eth0",
+                peer_ns: &pns,
+                peer_mac: None,
+            })
+            .unwrap();
+        assert!(made && host_ns.link(&name).is_some() && pod_ns.link("eth0").is_some());
+        // The container end looked for under another name: as if it vanished after creation.
+        let err = read_back_or_remove(&host, &pod, &pns, &name, "eth9")
+            .err()
+            .expect("reading back a missing end fails");
+        assert_eq!(err.code, cni_protocol::error::IO_FAILURE, "{}", err.msg);
+        assert!(host_ns.link(&name).is_none(), "host end left");
+        assert!(pod_ns.link("eth0").is_none(), "container end left");
+    }
 }
