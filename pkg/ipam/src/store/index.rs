@@ -235,6 +235,12 @@ impl Index {
         }
     }
 
+    /// Reopens the file read-only, so that every write to it fails (for tests of that path).
+    #[cfg(test)]
+    pub fn make_read_only_for_test(&mut self) {
+        self.file = Some(File::open(&self.path).expect("index file"));
+    }
+
     /// Records the counts and the stamp the directory now carries, and clears the dirty flag.
     pub fn seal(&self, stamp: &Stamp) -> io::Result<()> {
         match &self.file {

@@ -366,13 +366,18 @@ impl Store {
         let mut kept = Vec::with_capacity(found.len());
         let mut released = Vec::new();
         let mut failures = Vec::new();
-        for r in found {
+        let mut found = found.into_iter();
+        while let Some(r) = found.next() {
             if records.contains(&r.content) || ids.contains(r.content.as_slice()) {
                 kept.push(r);
                 continue;
             }
             if let Err(e) = self.begin_change() {
+                // Nothing more is removed, and the index made below must still hold
+                // every reservation left on disk.
                 failures.push(e.msg);
+                kept.push(r);
+                kept.extend(found);
                 break;
             }
             let path = self.path(&r.ip.to_string());
@@ -798,6 +803,40 @@ mod tests {
         assert!(!s.holds(&a).unwrap());
         assert!(s.rebuilt);
         assert!(s.holds(&Key::new("z", "eth0")).unwrap());
+    }
+
+    #[test]
+    fn gc_that_cannot_start_changing_keeps_every_reservation_in_the_index() {
+        let tmp = tempfile::tempdir().unwrap();
+        let keys: Vec<Key> = (0..20)
+            .map(|i| Key::new(&format!("c{i}"), "eth0"))
+            .collect();
+        let mut s = Store::open(tmp.path()).unwrap();
+        for (i, k) in keys.iter().enumerate() {
+            assert!(s.reserve(k, ip(&format!("10.0.0.{}", i + 2))).unwrap());
+        }
+        s.close();
+
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert!(!s.rebuilt);
+        s.index.make_read_only_for_test();
+        // Every other key is gone: the first one met cannot mark the index dirty.
+        let valid: Vec<Key> = keys.iter().step_by(2).cloned().collect();
+        let failures = s.gc(&valid).unwrap_err();
+        assert!(
+            failures[0].contains("marking the reservation index"),
+            "{failures:?}"
+        );
+        s.close();
+
+        // The index sealed by that GC still finds every reservation, without a rebuild.
+        let mut s = Store::open(tmp.path()).unwrap();
+        assert!(!s.rebuilt);
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(s.held_by(k).unwrap(), [ip(&format!("10.0.0.{}", i + 2))]);
+        }
+        assert!(!s.rebuilt);
+        assert_eq!(s.release(&keys[1]).unwrap(), [ip("10.0.0.3")]);
     }
 
     #[test]
