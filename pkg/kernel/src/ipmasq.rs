@@ -190,16 +190,65 @@ where
 /// Times a removal is retried when another writer changed the rules between read and write.
 const ATTEMPTS: usize = 3;
 
-/// Removes rules of `table` chosen from its current content: `plan` reads the
-/// `iptables-save -t <table>` text and returns the document that deletes them (None: nothing).
+/// Removes rules of `table` in each of `families`, side by side, chosen from its current
+/// content: `plan` reads the `iptables-save -t <table>` text of a family and returns the
+/// document that deletes them (None: nothing). A family whose rules cannot be read (its
+/// iptables unusable) holds none to remove: warned on stderr, an error only when every family
+/// is unreadable.
 pub fn iptables_remove(
+    families: &[Family],
+    table: &str,
+    plan: impl Fn(Family, &str) -> Option<String> + Sync,
+) -> Result<(), CniError> {
+    let unreadable = Mutex::new(Vec::new());
+    let (plan, unreadable_ref) = (&plan, &unreadable);
+    let jobs = families
+        .iter()
+        .map(|&family| {
+            move || match remove_in(family, table, |saved| plan(family, saved)) {
+                Err(Removal::Unreadable(e)) => {
+                    unreadable_ref
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(e);
+                    Ok(())
+                }
+                Err(Removal::Failed(e)) => Err(e),
+                Ok(()) => Ok(()),
+            }
+        })
+        .collect();
+    run_side_by_side(jobs)?;
+    let mut unreadable = unreadable.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !unreadable.is_empty() && unreadable.len() == families.len() {
+        return Err(unreadable
+            .swap_remove(0)
+            .context("no iptables family is usable to remove the rules"));
+    }
+    for e in unreadable {
+        eprintln!("warning: taking no rules to remove there: {e}");
+    }
+    Ok(())
+}
+
+enum Removal {
+    /// `iptables-save` failed before anything was written.
+    Unreadable(CniError),
+    Failed(CniError),
+}
+
+fn remove_in(
     family: Family,
     table: &str,
     plan: impl Fn(&str) -> Option<String>,
-) -> Result<(), CniError> {
+) -> Result<(), Removal> {
     let mut last = Ok(());
     for _ in 0..ATTEMPTS {
-        let saved = firewall::iptables_save(family, table)?;
+        let saved = match firewall::iptables_save(family, table) {
+            Ok(saved) => saved,
+            // After a failed write, that failure is the one to report.
+            Err(e) => return Err(last.err().map_or(Removal::Unreadable(e), Removal::Failed)),
+        };
         let Some(doc) = plan(&saved) else {
             return Ok(());
         };
@@ -208,7 +257,7 @@ pub fn iptables_remove(
             return Ok(());
         }
     }
-    last
+    last.map_err(Removal::Failed)
 }
 
 /// Removes nftables rules chosen from listings: each of `lists` is the arguments of one

@@ -149,15 +149,13 @@ impl<'scope> RuleWriter<'scope> {
 /// pod may have been added with the other one, by either implementation).
 pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), CniError> {
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
-    if conf.ip_masq && ipmasq::has_iptables() {
-        for f in families {
-            let f = family(*f);
-            jobs.push(Box::new(move || {
-                ipmasq::iptables_remove(f, "nat", |saved| {
-                    masq::iptables_remove(saved, &conf.name, &env.container_id)
-                })
-            }));
-        }
+    if conf.ip_masq && ipmasq::has_iptables() && !families.is_empty() {
+        let families: Vec<Family> = families.iter().map(|f| family(*f)).collect();
+        jobs.push(Box::new(move || {
+            ipmasq::iptables_remove(&families, "nat", |_, saved| {
+                masq::iptables_remove(saved, &conf.name, &env.container_id)
+            })
+        }));
     }
     let want_masq = conf.ip_masq;
     let want_spoof = conf.mac_spoof_check;
@@ -213,18 +211,16 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
     let (ids, pairs) = (&ids, &pairs);
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
     if ipmasq::has_iptables() {
-        for f in [Family::V4, Family::V6] {
-            jobs.push(Box::new(move || {
-                ipmasq::iptables_remove(f, "nat", |saved| {
-                    let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
-                        .into_iter()
-                        .filter(|id| !ids.contains(&id.as_str()))
-                        .collect();
-                    let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
-                    masq::iptables_remove_all(saved, &conf.name, &stale)
-                })
-            }));
-        }
+        jobs.push(Box::new(move || {
+            ipmasq::iptables_remove(&[Family::V4, Family::V6], "nat", |_, saved| {
+                let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
+                    .into_iter()
+                    .filter(|id| !ids.contains(&id.as_str()))
+                    .collect();
+                let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
+                masq::iptables_remove_all(saved, &conf.name, &stale)
+            })
+        }));
     }
     if ipmasq::has_nft() {
         jobs.push(Box::new(move || {

@@ -106,3 +106,50 @@ fn del_removes_only_its_own_pod() {
     node.del(Some(&b), "pod-b", &conf).ok();
     node.assert_clean();
 }
+
+/// A directory of stand-in tools, put first on the plugin's PATH.
+fn fake_tools(tools: &[(&str, &str)]) -> (tempfile::TempDir, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::TempDir::new().unwrap();
+    for (name, script) in tools {
+        let p = dir.path().join(name);
+        std::fs::write(&p, script).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    (dir, path)
+}
+
+const UNUSABLE: &str = "#!/bin/sh\necho \"$0: no kernel support (test)\" >&2\nexit 1\n";
+
+#[test]
+fn del_with_an_unusable_iptables_family_removes_the_other() {
+    let node = Node::new();
+    let pod = TestNs::new("bp");
+    let netns = pod.path_str();
+    let conf = masq_conf(&node, "iptables");
+    node.add(&pod, "half", &conf).ok();
+    drop(pod);
+    let del = |path: &str| {
+        node.invocation("DEL", None, "half")
+            .netns(&netns)
+            .env("PATH", path)
+            .run_in_ns(&node.host, &conf)
+    };
+    // Neither family readable: DEL cannot know the rules are gone.
+    let (_both, path) = fake_tools(&[("iptables-save", UNUSABLE), ("ip6tables-save", UNUSABLE)]);
+    let out = del(&path);
+    out.err(5);
+    assert!(out.msg().contains("no iptables family"), "{}", out.msg());
+    assert!(!node.cni_nat_lines().is_empty());
+    // Only ip6tables unusable: it holds no rules, the IPv4 ones go.
+    let (_v6, path) = fake_tools(&[("ip6tables-save", UNUSABLE)]);
+    let out = del(&path);
+    out.ok();
+    assert!(out.stderr.contains("ip6tables-save"), "{}", out.stderr);
+    node.assert_clean();
+}
