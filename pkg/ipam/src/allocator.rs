@@ -3,7 +3,7 @@
 //! The decisions live here; the files are touched through [`Reservations`], which the
 //! disk store implements and the tests fake.
 
-use crate::config::IpamConfig;
+use crate::config::{IpamConfig, Rangeset, Requested};
 use crate::ip::{next, to_int};
 use crate::range::RangeSet;
 use cni_protocol::{CniError, IpConfig};
@@ -125,24 +125,32 @@ fn internal(msg: String) -> CniError {
 /// Reserves one address in range set `index` for `key`: `requested`, or the next free one.
 pub fn allocate_in(
     store: &mut impl Reservations,
-    set: &RangeSet,
+    rs: &Rangeset,
     index: usize,
     key: &Key,
-    requested: Option<IpAddr>,
+    requested: Option<&Requested>,
 ) -> Result<IpConfig, CniError> {
+    let set = &rs.set;
     let (ip, range) = match requested {
-        Some(ip) => {
-            let range = set
-                .range_for(ip)
-                .ok_or_else(|| internal(format!("{ip} not in range set {set}")))?;
+        Some(req) => {
+            let ip = req.ip;
+            // Messages name where the address was asked for and which set was asked.
+            let range = set.range_for(ip).ok_or_else(|| {
+                CniError::invalid_config(format!(
+                    "requested IP {ip} ({}) is not in range set {index} ({} = {set})",
+                    req.source, rs.field
+                ))
+            })?;
             if ip == range.gateway {
                 return Err(CniError::invalid_config(format!(
-                    "requested ip {ip} is subnet's gateway"
+                    "requested IP {ip} ({}) is the gateway of range {range} in range set {index} ({})",
+                    req.source, rs.field
                 )));
             }
             if !store.reserve(key, ip)? {
                 return Err(internal(format!(
-                    "requested IP address {ip} is not available in range set {set}"
+                    "requested IP address {ip} ({}) is not available in range set {index} ({} = {set})",
+                    req.source, rs.field
                 )));
             }
             (ip, range)
@@ -188,7 +196,7 @@ pub fn allocate(
     let plan = conf.assign_requested()?;
     let mut taken: Vec<IpConfig> = Vec::with_capacity(plan.len());
     for (index, (rs, requested)) in conf.rangesets.iter().zip(plan).enumerate() {
-        match allocate_in(store, &rs.set, index, key, requested) {
+        match allocate_in(store, rs, index, key, requested) {
             Ok(ipc) => taken.push(ipc),
             Err(e) => {
                 for ipc in &taken {
@@ -396,8 +404,57 @@ mod tests {
         assert_eq!(f.last[&0], ip("10.0.0.50"));
         let e = allocate(&mut f, &c, &Key::new("c2", "eth0")).unwrap_err();
         assert!(
+            e.msg.contains(
+                "requested IP address 10.0.0.50 (CNI_ARGS IP) is not available in range set 0 (ipam = 10.0.0.1-10.0.0.254)"
+            ),
+            "{}",
             e.msg
-                .contains("requested IP address 10.0.0.50 is not available"),
+        );
+    }
+
+    #[test]
+    fn requested_address_errors_name_their_source_and_the_range_set() {
+        let c = conf(
+            json!({
+                "ipam": {"ranges": [[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/24"}]]},
+                "args": {"cni": {"ips": ["10.1.0.7"]}},
+                "runtimeConfig": {"ips": ["10.1.0.1"]}
+            }),
+            None,
+        );
+        let (by_args, by_runtime) = (&c.requested[0], &c.requested[1]);
+        let key = Key::new("c1", "eth0");
+        let mut f = Fake::default();
+        let e = allocate_in(&mut f, &c.rangesets[1], 1, &key, Some(by_runtime)).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(
+            e.msg
+                .contains("requested IP 10.1.0.1 (runtimeConfig.ips[0]) is the gateway of range")
+                && e.msg.contains("in range set 1 (ipam.ranges[1])"),
+            "{}",
+            e.msg
+        );
+        let e = allocate_in(&mut f, &c.rangesets[0], 0, &key, Some(by_args)).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(
+            e.msg.contains(
+                "requested IP 10.1.0.7 (args.cni.ips[0]) is not in range set 0 (ipam.ranges[0] = 10.0.0.1-10.0.0.254)"
+            ),
+            "{}",
+            e.msg
+        );
+        assert!(f.held.is_empty(), "nothing reserved on refusal");
+        allocate_in(&mut f, &c.rangesets[1], 1, &key, Some(by_args)).unwrap();
+        let e = allocate_in(
+            &mut f,
+            &c.rangesets[1],
+            1,
+            &Key::new("c2", "eth0"),
+            Some(by_args),
+        )
+        .unwrap_err();
+        assert!(
+            e.msg.contains("10.1.0.7 (args.cni.ips[0]) is not available in range set 1 (ipam.ranges[1] = 10.1.0.1-10.1.0.254)"),
             "{}",
             e.msg
         );

@@ -279,7 +279,7 @@ impl IpamConfig {
 
     /// Which requested address each range set must hand out, or an error naming
     /// every address that no set can honour.
-    pub fn assign_requested(&self) -> Result<Vec<Option<IpAddr>>, CniError> {
+    pub fn assign_requested(&self) -> Result<Vec<Option<&Requested>>, CniError> {
         let mut left: Vec<&Requested> = self.requested.iter().collect();
         let mut plan = Vec::with_capacity(self.rangesets.len());
         for (i, rs) in self.rangesets.iter().enumerate() {
@@ -297,7 +297,7 @@ impl IpamConfig {
                     )));
                 }
             }
-            plan.push(Some(req.ip));
+            plan.push(Some(req));
         }
         if !left.is_empty() {
             let names: Vec<String> = left
@@ -599,10 +599,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.requested.len(), 2);
-        assert_eq!(
-            c.assign_requested().unwrap(),
-            [Some(ip("10.0.0.5")), Some(ip("2001:db8::9"))]
-        );
+        let plan: Vec<Option<IpAddr>> = c
+            .assign_requested()
+            .unwrap()
+            .iter()
+            .map(|r| r.map(|r| r.ip))
+            .collect();
+        assert_eq!(plan, [Some(ip("10.0.0.5")), Some(ip("2001:db8::9"))]);
     }
 
     #[test]
