@@ -8,6 +8,7 @@
 //! nftables: table `inet cni_plugins_masquerade`, chain `masq_checks` with one rule per pod
 //! address, commented with a hash of (network, ifname, containerID) first.
 
+use cni_protocol::CniError;
 use ipnetwork::IpNetwork;
 use serde_json::Value;
 use sha2::{Digest, Sha512};
@@ -293,6 +294,21 @@ pub fn nft_add(network: &str, ifname: &str, container_id: &str, addrs: &[IpNetwo
     s
 }
 
+/// The JSON of `nft -j <args>` (`args` as run, for the message); empty output (a table or
+/// chain that does not exist) is null. Output that is not JSON is code 5, since reading it as
+/// "no rules" would leave the rules in place.
+pub fn parse_nft_listing(args: &[&str], output: &str) -> Result<Value, CniError> {
+    if output.trim().is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_str(output).map_err(|e| {
+        CniError::io(format!(
+            "nft -j {}: the output is not JSON: {e}",
+            args.join(" ")
+        ))
+    })
+}
+
 /// Rules of an `nft -j list ...` answer: (chain, handle, comment).
 pub fn nft_rules(listing: &Value) -> Vec<(String, u64, String)> {
     listing
@@ -368,6 +384,25 @@ pub fn nft_gc(listing: &Value, network: &str, keep: &[(&str, &str)]) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_nft_listing_that_is_not_json_is_code_5_naming_the_command() {
+        let args = ["list", "chain", "inet", NFT_TABLE, NFT_CHAIN];
+        assert_eq!(parse_nft_listing(&args, "").unwrap(), Value::Null);
+        assert_eq!(
+            parse_nft_listing(&args, "{\"nftables\": []}").unwrap()["nftables"],
+            serde_json::json!([])
+        );
+        let e = parse_nft_listing(&args, "table inet x {").unwrap_err();
+        assert_eq!(e.code, 5);
+        assert!(
+            e.msg
+                .contains("nft -j list chain inet cni_plugins_masquerade"),
+            "{}",
+            e.msg
+        );
+        assert!(e.msg.contains("not JSON: expected"), "{}", e.msg);
+    }
     use serde_json::json;
 
     fn nets(s: &[&str]) -> Vec<IpNetwork> {

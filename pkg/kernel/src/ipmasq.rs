@@ -262,10 +262,10 @@ fn remove_in(
 
 /// Removes nftables rules chosen from listings: each of `lists` is the arguments of one
 /// `nft -j list ...` (an absent table or chain reads as an empty string); `plan` returns the
-/// transaction that deletes them (None: nothing).
+/// transaction that deletes them (None: nothing), or why it cannot read the listings.
 pub fn nft_remove(
     lists: &[&[&str]],
-    plan: impl Fn(&[String]) -> Option<String>,
+    plan: impl Fn(&[String]) -> Result<Option<String>, CniError>,
 ) -> Result<(), CniError> {
     let mut last = Ok(());
     for _ in 0..ATTEMPTS {
@@ -273,7 +273,7 @@ pub fn nft_remove(
             .iter()
             .map(|args| nft_list(args))
             .collect::<Result<Vec<_>, _>>()?;
-        let Some(script) = plan(&listings) else {
+        let Some(script) = plan(&listings)? else {
             return Ok(());
         };
         last = firewall::nft_apply(&script);

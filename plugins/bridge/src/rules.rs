@@ -176,10 +176,11 @@ fn remove_nft(env: &Env, conf: &NetConf, masq_rules: bool, spoof: bool) -> Resul
         .filter_map(|(on, l)| on.then_some(l))
         .collect();
     ipmasq::nft_remove(&lists, |listings| {
-        let parsed: Vec<Value> = listings
+        let parsed = lists
             .iter()
-            .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
-            .collect();
+            .zip(listings)
+            .map(|(args, l)| masq::parse_nft_listing(args, l))
+            .collect::<Result<Vec<Value>, _>>()?;
         let mut script = String::new();
         let mut next = parsed.iter();
         if masq_rules {
@@ -196,7 +197,7 @@ fn remove_nft(env: &Env, conf: &NetConf, masq_rules: bool, spoof: bool) -> Resul
                 script.push_str(&s);
             }
         }
-        (!script.is_empty()).then_some(script)
+        Ok((!script.is_empty()).then_some(script))
     })
 }
 
@@ -225,8 +226,8 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
     if ipmasq::has_nft() {
         jobs.push(Box::new(move || {
             ipmasq::nft_remove(&[MASQ_CHAIN], |listings| {
-                let listing = serde_json::from_str(&listings[0]).unwrap_or(Value::Null);
-                masq::nft_gc(&listing, &conf.name, pairs)
+                let listing = masq::parse_nft_listing(MASQ_CHAIN, &listings[0])?;
+                Ok(masq::nft_gc(&listing, &conf.name, pairs))
             })
         }));
     }

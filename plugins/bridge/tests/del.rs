@@ -153,3 +153,31 @@ fn del_with_an_unusable_iptables_family_removes_the_other() {
     assert!(out.stderr.contains("ip6tables-save"), "{}", out.stderr);
     node.assert_clean();
 }
+
+#[test]
+fn del_fails_on_an_nft_listing_it_cannot_read() {
+    let node = Node::new();
+    let pod = TestNs::new("bp");
+    let conf = masq_conf(&node, "nftables");
+    node.add(&pod, "garbled", &conf).ok();
+    let nft = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("nft"))
+        .find(|p| p.is_file())
+        .expect("nft on PATH");
+    let garbling = format!(
+        "#!/bin/sh\nif [ \"$1\" = -j ]; then echo 'table inet {{'; exit 0; fi\nexec {} \"$@\"\n",
+        nft.display()
+    );
+    let (_tools, path) = fake_tools(&[("nft", &garbling)]);
+    let out = node
+        .invocation("DEL", Some(&pod), "garbled")
+        .env("PATH", &path)
+        .run_in_ns(&node.host, &conf);
+    out.err(5);
+    assert!(out.msg().contains("nft -j list"), "{}", out.msg());
+    assert!(out.msg().contains("not JSON"), "{}", out.msg());
+    assert!(nft_leftovers(&node, "garbled"), "the rules are still there");
+    node.del(Some(&pod), "garbled", &conf).ok();
+    node.assert_clean();
+    assert!(!nft_leftovers(&node, "garbled"));
+}
