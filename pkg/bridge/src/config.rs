@@ -259,6 +259,30 @@ fn collect_trunk(items: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
     Ok(vids)
 }
 
+/// The fields that decode, each on its own; the others are left at their defaults and
+/// returned with their error, by top-level key.
+fn decode_lenient(config: &Value) -> (Raw, Vec<(String, CniError)>) {
+    if let Ok(raw) = decode(config) {
+        return (raw, Vec::new());
+    }
+    let Some(fields) = config.as_object() else {
+        let why = decode::<Raw>(config).err().into_iter();
+        return (Raw::default(), why.map(|e| (String::new(), e)).collect());
+    };
+    let mut kept = serde_json::Map::new();
+    let mut dropped = Vec::new();
+    for (key, value) in fields {
+        let alone = Value::Object([(key.clone(), value.clone())].into_iter().collect());
+        match decode::<Raw>(&alone) {
+            Ok(_) => {
+                kept.insert(key.clone(), value.clone());
+            }
+            Err(e) => dropped.push((key.clone(), e)),
+        }
+    }
+    (decode(&Value::Object(kept)).unwrap_or_default(), dropped)
+}
+
 impl NetConf {
     /// Reads the config; `cni_args` supplies `MAC=` when the config carries no MAC.
     /// Checks only what every verb needs; [`NetConf::check_for_add`] adds ADD's checks.
@@ -267,36 +291,91 @@ impl NetConf {
         name: &str,
         cni_args: &[(String, String)],
     ) -> Result<NetConf, CniError> {
-        let raw: Raw = decode(config)?;
-        let bridge = raw.bridge.unwrap_or_else(|| DEFAULT_BRIDGE.to_string());
-        validate_ifname_field(&bridge, "bridge")?;
+        Self::from_raw(decode(config)?, name, cni_args, Err)
+    }
+
+    /// DEL's reading: a field that does not decode or is invalid takes its default, and why is
+    /// returned to be reported, so that a config broken after ADD cannot block the cleanup.
+    /// An unreadable `ipMasq` or `macspoofchk` reads as true: rules are removed by name, and
+    /// removing what is not there is harmless.
+    pub fn parse_for_del(
+        config: &Value,
+        name: &str,
+        cni_args: &[(String, String)],
+    ) -> Result<(NetConf, Vec<CniError>), CniError> {
+        let (mut raw, dropped) = decode_lenient(config);
+        if dropped.iter().any(|(k, _)| k == "ipMasq") {
+            raw.ip_masq = Some(true);
+        }
+        if dropped.iter().any(|(k, _)| k == "macspoofchk") {
+            raw.mac_spoof_chk = Some(true);
+        }
+        let mut ignored: Vec<CniError> = dropped.into_iter().map(|(_, e)| e).collect();
+        let conf = Self::from_raw(raw, name, cni_args, |e| {
+            ignored.push(e);
+            Ok(())
+        })?;
+        Ok((conf, ignored))
+    }
+
+    /// `reject` decides about each invalid field: its error fails the parse, Ok takes the
+    /// field's default.
+    fn from_raw(
+        raw: Raw,
+        name: &str,
+        cni_args: &[(String, String)],
+        mut reject: impl FnMut(CniError) -> Result<(), CniError>,
+    ) -> Result<NetConf, CniError> {
+        let mut checked = |r: Result<(), CniError>| match r {
+            Ok(()) => Ok(true),
+            Err(e) => reject(e).map(|()| false),
+        };
+        let mut bridge = raw.bridge.unwrap_or_else(|| DEFAULT_BRIDGE.to_string());
+        if !checked(validate_ifname_field(&bridge, "bridge"))? {
+            bridge = DEFAULT_BRIDGE.to_string();
+        }
         let mtu = match raw.mtu.unwrap_or(0) {
             0 => None,
             m if (68..=65535).contains(&m) => Some(m as u32),
-            m => return Err(invalid("mtu", m, "must be 0 (the default) or 68 to 65535")),
+            m => {
+                checked(Err(invalid(
+                    "mtu",
+                    m,
+                    "must be 0 (the default) or 68 to 65535",
+                )))?;
+                None
+            }
         };
         let vlan = raw.vlan.unwrap_or(0);
         let vlan = if (0..=i64::from(MAX_VLAN)).contains(&vlan) {
             vlan as u16
         } else {
-            return Err(invalid(
+            checked(Err(invalid(
                 "vlan",
                 vlan,
                 &format!("must be between 0 and {MAX_VLAN}"),
-            ));
+            )))?;
+            0
         };
         let has_vlan_trunk = raw.vlan_trunk.is_some();
-        let vlan_trunk = collect_trunk(raw.vlan_trunk.as_deref().unwrap_or(&[]))?;
+        let vlan_trunk = match collect_trunk(raw.vlan_trunk.as_deref().unwrap_or(&[])) {
+            Ok(vids) => vids,
+            Err(e) => {
+                checked(Err(e))?;
+                Vec::new()
+            }
+        };
         let masq_backend = match raw.ip_masq_backend.as_deref() {
             None => None,
             Some("iptables") => Some(MasqBackend::Iptables),
             Some("nftables") => Some(MasqBackend::Nftables),
             Some(other) => {
-                return Err(invalid(
+                checked(Err(invalid(
                     "ipMasqBackend",
                     format!("{other:?}"),
                     "must be \"iptables\" or \"nftables\"",
-                ))
+                )))?;
+                None
             }
         };
         let mac = match (
@@ -314,10 +393,18 @@ impl NetConf {
                 .map(|(_, v)| v.clone())
                 .filter(|m| !m.is_empty()),
         ) {
-            (Some(m), _, _) => Some(parse_mac(&m, "runtimeConfig.mac")?),
-            (None, Some(m), _) => Some(parse_mac(&m, "args.cni.mac")?),
-            (None, None, Some(m)) => Some(parse_mac(&m, "CNI_ARGS MAC")?),
+            (Some(m), _, _) => Some(parse_mac(&m, "runtimeConfig.mac")),
+            (None, Some(m), _) => Some(parse_mac(&m, "args.cni.mac")),
+            (None, None, Some(m)) => Some(parse_mac(&m, "CNI_ARGS MAC")),
             (None, None, None) => None,
+        };
+        let mac = match mac {
+            Some(Ok(mac)) => Some(mac),
+            Some(Err(e)) => {
+                checked(Err(e))?;
+                None
+            }
+            None => None,
         };
         let is_default_gateway = raw.is_default_gateway.unwrap_or(false);
         Ok(NetConf {
@@ -405,6 +492,43 @@ mod tests {
 
     fn parse(v: Value) -> Result<NetConf, CniError> {
         NetConf::parse(&v, "net", &[])
+    }
+
+    #[test]
+    fn del_reads_a_broken_config_with_defaults_and_says_why() {
+        let broken = json!({
+            "cniVersion": "1.0.0", "name": "net", "type": "bridge",
+            "bridge": "br-test", "mtu": 10, "vlan": "x", "ipMasqBackend": "pf",
+            "ipMasq": true, "macspoofchk": "yes", "runtimeConfig": {"mac": "zz"},
+            "ipam": {"type": "host-local"},
+        });
+        assert_eq!(parse(broken.clone()).unwrap_err().code, 6);
+        let (c, ignored) = NetConf::parse_for_del(&broken, "net", &[]).unwrap();
+        assert_eq!((c.name.as_str(), c.bridge.as_str()), ("net", "br-test"));
+        assert_eq!(c.ipam_type.as_deref(), Some("host-local"));
+        assert_eq!(
+            (c.mtu, c.vlan, c.masq_backend, c.mac),
+            (None, 0, None, None)
+        );
+        // Unreadable, macspoofchk counts as on: removing absent rules is harmless.
+        assert!(c.ip_masq && c.mac_spoof_check);
+        let said: Vec<&str> = ignored.iter().map(|e| e.msg.as_str()).collect();
+        for field in [
+            "vlan",
+            "mtu",
+            "ipMasqBackend",
+            "macspoofchk",
+            "runtimeConfig.mac",
+        ] {
+            assert!(
+                said.iter().any(|m| m.contains(field)),
+                "{field} in {said:?}"
+            );
+        }
+        let fine = json!({"cniVersion": "1.0.0", "name": "net", "type": "bridge"});
+        let (c, ignored) = NetConf::parse_for_del(&fine, "net", &[]).unwrap();
+        assert!(ignored.is_empty() && !c.ip_masq && !c.mac_spoof_check);
+        assert_eq!(c.bridge, "cni0");
     }
 
     #[test]

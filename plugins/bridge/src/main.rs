@@ -34,6 +34,16 @@ fn load(req: &Request) -> Result<NetConf, CniError> {
     NetConf::parse(&req.config, &req.name, &req.env.args)
 }
 
+/// DEL's config: invalid fields take their defaults (reported on stderr), since a config that
+/// broke after ADD must not block removing what ADD made; ADD and CHECK still refuse it.
+fn load_for_del(req: &Request) -> Result<NetConf, CniError> {
+    let (conf, ignored) = NetConf::parse_for_del(&req.config, &req.name, &req.env.args)?;
+    for e in ignored {
+        eprintln!("DEL ignores an invalid field, using its default: {e}");
+    }
+    Ok(conf)
+}
+
 fn joined<T>(h: ScopedJoinHandle<'_, Result<T, CniError>>) -> Result<T, CniError> {
     h.join()
         .unwrap_or_else(|_| Err(CniError::internal("a worker thread panicked")))
@@ -61,7 +71,7 @@ impl Plugin for Bridge {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let conf = load(req)?;
+        let conf = load_for_del(req)?;
         let (env, conf) = (&req.env, &conf);
         thread::scope(|s| {
             // IPAM releases the address while the interface goes.

@@ -181,3 +181,22 @@ fn del_fails_on_an_nft_listing_it_cannot_read() {
     node.assert_clean();
     assert!(!nft_leftovers(&node, "garbled"));
 }
+
+#[test]
+fn del_cleans_up_after_the_config_became_invalid() {
+    let node = Node::new();
+    let pod = TestNs::new("bp");
+    let conf = masq_conf(&node, "iptables");
+    node.add(&pod, "edited", &conf).ok();
+    // The operator edits the config after ADD into one ADD refuses.
+    let mut broken = conf.clone();
+    common::merge(&mut broken, json!({"mtu": 10, "ipMasqBackend": "pf"}));
+    let other = TestNs::new("bp");
+    node.add(&other, "refused", &broken).err(7);
+    let out = node.del(Some(&pod), "edited", &broken);
+    out.ok();
+    assert!(out.stderr.contains("mtu"), "{}", out.stderr);
+    node.assert_clean();
+    assert!(!nft_leftovers(&node, "edited"));
+    assert!(pod.link("eth0").is_none());
+}
