@@ -1,0 +1,1 @@
+//! Firewall names shared with the Go plugins.
