@@ -9,9 +9,9 @@
 //! address, commented with a hash of (network, ifname, containerID) first.
 
 use cni_protocol::CniError;
+use fwnames::{go_quote, hash_with_prefix, save_quote};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
-use sha2::{Digest, Sha512};
 
 /// An address family, for the tool that handles it (iptables or ip6tables).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,39 +44,9 @@ impl IpFamily {
     }
 }
 
-/// The first `len` hex digits of sha512(`to_hash`) after `prefix`, as the Go utils do.
-pub fn hash_with_prefix(len: usize, prefix: &str, to_hash: &str) -> String {
-    let digest = Sha512::digest(to_hash.as_bytes());
-    let mut out = String::with_capacity(prefix.len() + 128);
-    out.push_str(prefix);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out.truncate(len);
-    out
-}
-
 /// The iptables chain of one container on one network: `CNI-` and 24 hex digits.
 pub fn chain_name(network: &str, container_id: &str) -> String {
-    hash_with_prefix(28, "CNI-", &format!("{network}{container_id}"))
-}
-
-/// Go's `%q` of a string: quoted, with `"`, `\` and control characters escaped.
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    fwnames::chain_name(network, container_id)
 }
 
 /// The comment on every iptables rule of one container: `name: "<network>" id: "<containerID>"`.
@@ -84,24 +54,11 @@ pub fn comment(network: &str, container_id: &str) -> String {
     format!("name: {} id: {}", go_quote(network), go_quote(container_id))
 }
 
-/// One argument of an iptables-restore line, quoted as iptables-save quotes it.
-fn restore_arg(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
-}
-
 /// The start of a family's ADD document, known before IPAM answers: the container's chain,
 /// declared (and so emptied), with its MASQUERADE rule. A tool can read it while IPAM runs.
 pub fn iptables_add_head(network: &str, container_id: &str, family: IpFamily) -> String {
     let chain = chain_name(network, container_id);
-    let c = restore_arg(&comment(network, container_id));
+    let c = save_quote(&comment(network, container_id));
     format!(
         "*nat\n:{chain} - [0:0]\n-A {chain} ! -d {} -m comment --comment {c} -j MASQUERADE\n",
         family.multicast()
@@ -117,7 +74,7 @@ pub fn iptables_add_tail(
     addrs: &[IpNetwork],
 ) -> String {
     let chain = chain_name(network, container_id);
-    let c = restore_arg(&comment(network, container_id));
+    let c = save_quote(&comment(network, container_id));
     let ours: Vec<&IpNetwork> = addrs.iter().filter(|a| IpFamily::of(a) == family).collect();
     let mut subnets: Vec<IpNetwork> = Vec::new();
     for a in &ours {
@@ -182,7 +139,7 @@ pub fn iptables_remove_all(saved: &str, network: &str, container_ids: &[&str]) -
     let mut found = false;
     for id in container_ids {
         let chain = chain_name(network, id);
-        let quoted_comment = format!("--comment {}", restore_arg(&comment(network, id)));
+        let quoted_comment = format!("--comment {}", save_quote(&comment(network, id)));
         let jump = format!("-j {chain}");
         let mut chain_exists = false;
         for line in saved.lines() {
@@ -210,7 +167,7 @@ pub fn iptables_remove_all(saved: &str, network: &str, container_ids: &[&str]) -
 pub fn iptables_containers(saved: &str, network: &str) -> Vec<String> {
     let head = format!(
         "--comment {}",
-        restore_arg(&format!("name: {} id: ", go_quote(network)))
+        save_quote(&format!("name: {} id: ", go_quote(network)))
     );
     // The quoted comment ends `id: \"<id>\""`: cut the prefix's closing quote off.
     let head = &head[..head.len() - 1];
@@ -516,6 +473,18 @@ mod tests {
         assert!(doc.contains(&format!("-X {}", chain_name("net", "ctr-a"))));
         assert!(doc.contains(&format!("-X {}", chain_name("net", "ctr-b"))));
         assert!(!doc.contains(&chain_name("other", "ctr-c")));
+    }
+
+    #[test]
+    fn comments_are_written_as_iptables_save_prints_them_so_gc_reads_them_back() {
+        // iptables-save escapes a single quote too: the rule must be written the same way
+        // for its comment to be found in the saved table.
+        let doc = iptables_add("it's", "c1", &nets(&["10.1.0.2/24"]));
+        assert!(doc[0]
+            .1
+            .contains(r#"--comment "name: \"it\'s\" id: \"c1\"" -j CNI-"#));
+        let saved = r#"-A POSTROUTING -s 10.1.0.2/32 -m comment --comment "name: \"it\'s\" id: \"c1\"" -j CNI-x"#;
+        assert_eq!(iptables_containers(saved, "it's"), vec!["c1"]);
     }
 
     #[test]

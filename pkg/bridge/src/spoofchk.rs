@@ -3,7 +3,8 @@
 //! `cni-br-iface-<containerID>-<ifname>` and `...-mac`, as the Go plugin names them.
 
 use crate::config::format_mac;
-use crate::masq::{go_quote, nft_chains, nft_rules};
+use crate::masq::{nft_chains, nft_rules};
+use fwnames::go_quote;
 use serde_json::Value;
 
 const TABLE: &str = "bridge nat";

@@ -17,6 +17,7 @@
 use crate::config::{Config, MarkChain, Protocol};
 use crate::names;
 use cni_protocol::CniError;
+use fwnames::{restore_token, save_quote};
 use ipnetwork::IpNetwork;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -77,37 +78,6 @@ impl NatTable {
 fn jumps(spec: &str, target: &str) -> bool {
     spec.strip_suffix(target)
         .is_some_and(|head| head == "-j " || head.ends_with(" -j "))
-}
-
-/// A string as iptables-save prints it: bare when it holds only letters, digits, '_' and '-',
-/// otherwise double-quoted with '"', '\' and '\'' escaped.
-fn save_quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        return s.to_string();
-    }
-    let mut quoted = String::from("\"");
-    for c in s.chars() {
-        if matches!(c, '"' | '\\' | '\'') {
-            quoted.push('\\');
-        }
-        quoted.push(c);
-    }
-    quoted.push('"');
-    quoted
-}
-
-/// A user-given token, quoted for iptables-restore only when it would otherwise split.
-fn restore_token(s: &str) -> String {
-    if s.chars()
-        .any(|c| c.is_whitespace() || matches!(c, '"' | '\\' | '\''))
-    {
-        save_quote(s)
-    } else {
-        s.to_string()
-    }
 }
 
 fn host_prefix(ip: IpAddr) -> u8 {

@@ -1,36 +1,17 @@
 //! The names that find one container's rules again with nothing but its network name and
 //! container ID, exactly as the Go plugin forms them, so either implementation removes the other's.
 
-use sha2::{Digest, Sha512};
-use std::fmt::Write;
-
-/// iptables chain names are limited to 28 characters.
-const MAX_CHAIN_LEN: usize = 28;
 /// iptables comments are limited to 255 characters.
 const MAX_COMMENT_LEN: usize = 255;
 
-/// `CNI-<prefix>` followed by the hex SHA-512 of network name and container ID, cut to 28 characters.
-fn hashed_chain(prefix: &str, network: &str, container_id: &str) -> String {
-    let digest = Sha512::digest(format!("{network}{container_id}").as_bytes());
-    let mut name = format!("CNI-{prefix}");
-    for byte in digest {
-        if name.len() >= MAX_CHAIN_LEN {
-            break;
-        }
-        let _ = write!(name, "{byte:02x}");
-    }
-    name.truncate(MAX_CHAIN_LEN);
-    name
-}
-
 /// The per-container chain holding the DNAT rules: `CNI-DN-<hash>`.
 pub fn dnat_chain(network: &str, container_id: &str) -> String {
-    hashed_chain("DN-", network, container_id)
+    fwnames::chain_name_with_prefix("DN-", network, container_id)
 }
 
 /// The per-container SNAT chain of old plugin versions, still removed on DEL.
 pub fn old_snat_chain(network: &str, container_id: &str) -> String {
-    hashed_chain("SN-", network, container_id)
+    fwnames::chain_name_with_prefix("SN-", network, container_id)
 }
 
 /// The comment on the rules that jump to the per-container chain.
