@@ -17,16 +17,17 @@ pub enum MasqBackend {
 }
 
 impl MasqBackend {
-    /// The Go plugin's default: iptables, unless only nftables is there.
+    /// The configured backend, else the node's default: `iptables_is_default` (asked only then)
+    /// answers whether that is iptables, as the Go plugin decides it (iptables unless only
+    /// nftables is installed).
     pub fn choose(
         configured: Option<MasqBackend>,
-        has_iptables: bool,
-        has_nft: bool,
+        iptables_is_default: impl FnOnce() -> bool,
     ) -> MasqBackend {
         match configured {
             Some(b) => b,
-            None if !has_iptables && has_nft => MasqBackend::Nftables,
-            None => MasqBackend::Iptables,
+            None if iptables_is_default() => MasqBackend::Iptables,
+            None => MasqBackend::Nftables,
         }
     }
 }
@@ -714,9 +715,15 @@ mod tests {
     #[test]
     fn backend_choice() {
         use MasqBackend::*;
-        assert_eq!(MasqBackend::choose(None, true, true), Iptables);
-        assert_eq!(MasqBackend::choose(None, false, true), Nftables);
-        assert_eq!(MasqBackend::choose(None, false, false), Iptables);
-        assert_eq!(MasqBackend::choose(Some(Nftables), true, true), Nftables);
+        assert_eq!(MasqBackend::choose(None, || true), Iptables);
+        assert_eq!(MasqBackend::choose(None, || false), Nftables);
+        assert_eq!(
+            MasqBackend::choose(Some(Nftables), || panic!("not asked")),
+            Nftables
+        );
+        assert_eq!(
+            MasqBackend::choose(Some(Iptables), || panic!("not asked")),
+            Iptables
+        );
     }
 }

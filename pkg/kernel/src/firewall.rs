@@ -1,9 +1,12 @@
 //! Firewall rules, written in one batch per operation: one `iptables-restore --noflush`
 //! or one `nft -f` transaction, so that an ADD or DEL pays the nf_tables commit once.
 
+use cni_protocol::invoke::is_executable;
 use cni_protocol::CniError;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
@@ -24,6 +27,48 @@ impl Family {
             Family::V6 => "ip6tables-save",
         }
     }
+}
+
+/// Where `program` is on PATH: the first executable file of that name. Each program is
+/// looked up once per process.
+pub fn find_tool(program: &str) -> Option<PathBuf> {
+    static FOUND: Mutex<Vec<(String, Option<PathBuf>)>> = Mutex::new(Vec::new());
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = found.iter().find(|(p, _)| p == program) {
+        return path.clone();
+    }
+    let path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| is_executable(p))
+    });
+    found.push((program.to_string(), path.clone()));
+    path
+}
+
+/// Whether `program` is an executable on PATH.
+pub fn has_tool(program: &str) -> bool {
+    find_tool(program).is_some()
+}
+
+/// Whether iptables (iptables-restore) is installed.
+pub fn has_iptables() -> bool {
+    has_tool("iptables-restore")
+}
+
+/// Whether nft is installed.
+pub fn has_nft() -> bool {
+    has_tool("nft")
+}
+
+/// The Go plugins' default backend when a config names none: iptables, unless only nftables
+/// is installed. False means nftables.
+pub fn iptables_is_default() -> bool {
+    iptables_is_default_with(has_iptables(), has_nft)
+}
+
+fn iptables_is_default_with(has_iptables: bool, has_nft: impl FnOnce() -> bool) -> bool {
+    has_iptables || !has_nft()
 }
 
 fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String, CniError> {
@@ -129,4 +174,30 @@ pub fn with_rules_lock<T>(f: impl FnOnce() -> Result<T, CniError>) -> Result<T, 
     let out = f();
     drop(lock);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_are_executables_on_path() {
+        assert!(has_tool("sh"));
+        assert_eq!(find_tool("sh"), find_tool("sh"));
+        assert!(!has_tool("no-such-program-here"));
+        // A file that is there but not executable is no tool.
+        let dir = std::env::temp_dir();
+        let plain = dir.join(format!("cni-kernel-not-a-tool-{}", std::process::id()));
+        std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+        assert!(!is_executable(&plain));
+        std::fs::remove_file(&plain).unwrap();
+    }
+
+    #[test]
+    fn iptables_is_the_default_unless_only_nft_is_installed() {
+        assert!(iptables_is_default_with(true, || true));
+        assert!(iptables_is_default_with(true, || false));
+        assert!(!iptables_is_default_with(false, || true));
+        assert!(iptables_is_default_with(false, || false));
+    }
 }

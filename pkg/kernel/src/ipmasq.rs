@@ -5,7 +5,6 @@
 use crate::firewall::{self, Family};
 use cni_protocol::CniError;
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
@@ -58,8 +57,8 @@ impl Primed {
 
     fn start(program: &'static str, args: &[&str]) -> Result<Primed, CniError> {
         // Found once here, so that the child does not try every PATH entry in turn.
-        let path =
-            find_tool(program).ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
+        let path = firewall::find_tool(program)
+            .ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
         let child = Command::new(path)
             .args(args)
             .stdin(Stdio::piped())
@@ -121,42 +120,6 @@ impl Drop for Primed {
             let _ = child.wait();
         }
     }
-}
-
-/// Whether `program` is an executable on PATH.
-pub fn has_tool(program: &str) -> bool {
-    find_tool(program).is_some()
-}
-
-/// Where `program` is on PATH (looked up once per process).
-fn find_tool(program: &str) -> Option<PathBuf> {
-    static FOUND: Mutex<Vec<(String, Option<PathBuf>)>> = Mutex::new(Vec::new());
-    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, path)) = found.iter().find(|(p, _)| p == program) {
-        return path.clone();
-    }
-    let path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|p| is_executable(p))
-    });
-    found.push((program.to_string(), path.clone()));
-    path
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
-}
-
-pub fn has_iptables() -> bool {
-    has_tool("iptables-restore")
-}
-
-pub fn has_nft() -> bool {
-    has_tool("nft")
 }
 
 /// Runs every batch, each in its own thread; all run even when one fails, the first error wins.

@@ -38,7 +38,9 @@ pub fn find_plugin(plugin_type: &str, path: &[PathBuf]) -> Result<PathBuf, CniEr
         })
 }
 
-fn is_executable(p: &Path) -> bool {
+/// Whether `p` is a regular file (after symlinks) with an execute bit set: what a lookup on
+/// CNI_PATH or PATH accepts.
+pub fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)

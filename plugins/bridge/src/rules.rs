@@ -2,7 +2,7 @@
 //! one batch per tool per operation.
 
 use cni_bridge::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
-use cni_kernel::firewall::Family;
+use cni_kernel::firewall::{self, Family};
 use cni_kernel::ipmasq::{self, Batch, Primed};
 use cni_protocol::{Attachment, CniError, Env};
 use ipnetwork::IpNetwork;
@@ -31,8 +31,7 @@ struct Writers<'a> {
 impl<'a> Writers<'a> {
     /// Starts the tools `conf` will need (IPv6 iptables, rarer, starts when needed).
     fn start(env: &'a Env, conf: &'a NetConf) -> Writers<'a> {
-        let backend =
-            MasqBackend::choose(conf.masq_backend, ipmasq::has_iptables(), ipmasq::has_nft());
+        let backend = MasqBackend::choose(conf.masq_backend, firewall::iptables_is_default);
         let masq = conf.ip_masq && conf.is_layer3();
         let iptables_v4 = (masq && backend == MasqBackend::Iptables)
             .then(|| {
@@ -149,7 +148,7 @@ impl<'scope> RuleWriter<'scope> {
 /// pod may have been added with the other one, by either implementation).
 pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), CniError> {
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
-    if conf.ip_masq && ipmasq::has_iptables() && !families.is_empty() {
+    if conf.ip_masq && firewall::has_iptables() && !families.is_empty() {
         let families: Vec<Family> = families.iter().map(|f| family(*f)).collect();
         jobs.push(Box::new(move || {
             ipmasq::iptables_remove(&families, "nat", |_, saved| {
@@ -159,7 +158,7 @@ pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), Cn
     }
     let want_masq = conf.ip_masq;
     let want_spoof = conf.mac_spoof_check;
-    if (want_masq || want_spoof) && ipmasq::has_nft() {
+    if (want_masq || want_spoof) && firewall::has_nft() {
         jobs.push(Box::new(move || {
             remove_nft(env, conf, want_masq, want_spoof)
         }));
@@ -211,7 +210,7 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
         .collect();
     let (ids, pairs) = (&ids, &pairs);
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
-    if ipmasq::has_iptables() {
+    if firewall::has_iptables() {
         jobs.push(Box::new(move || {
             ipmasq::iptables_remove(&[Family::V4, Family::V6], "nat", |_, saved| {
                 let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
@@ -223,7 +222,7 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
             })
         }));
     }
-    if ipmasq::has_nft() {
+    if firewall::has_nft() {
         jobs.push(Box::new(move || {
             ipmasq::nft_remove(&[MASQ_CHAIN], |listings| {
                 let listing = masq::parse_nft_listing(MASQ_CHAIN, &listings[0])?;

@@ -34,18 +34,13 @@ pub fn of(conf: &Config) -> &'static dyn Rules {
     }
 }
 
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-        .unwrap_or(false)
-}
-
-/// iptables when it is installed, as the Go plugin prefers; nftables when only nft is.
+/// The backend when the config names none: the Go plugins' rule, iptables unless only nft
+/// is installed.
 pub fn default_backend() -> Backend {
-    if !on_path("iptables-restore") && on_path("nft") {
-        Backend::Nftables
-    } else {
+    if firewall::iptables_is_default() {
         Backend::Iptables
+    } else {
+        Backend::Nftables
     }
 }
 
@@ -181,16 +176,5 @@ impl Rules for Nftables {
             nftables::check(conf, container_id, addr, &listed)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn programs_are_found_on_path_only() {
-        assert!(on_path("sh"));
-        assert!(!on_path("no-such-program-here"));
     }
 }
