@@ -73,8 +73,11 @@ impl ListedRule {
 
 /// The rules in `nft -j list table <family> cni_hostport` output.
 pub fn parse_listing(json: &str) -> Result<Vec<ListedRule>, CniError> {
-    let v: Value = serde_json::from_str(json)
-        .map_err(|e| CniError::internal(format!("reading nft's JSON listing: {e}")))?;
+    let v: Value = serde_json::from_str(json).map_err(|e| {
+        CniError::io(format!(
+            "nft -j list table cni_hostport: the output is not JSON: {e}"
+        ))
+    })?;
     let items = v["nftables"].as_array().cloned().unwrap_or_default();
     Ok(items
         .iter()
