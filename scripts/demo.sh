@@ -34,6 +34,8 @@ cni() {
         CNI_PATH=$prefix/bin in_host "$prefix/bin/$plugin" <<<"$config"
 }
 
+"$top/scripts/deps.sh" demo
+
 step "build (release) and install into $prefix"
 "$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf
 printf '$ CNI_COMMAND=VERSION %s/bin/bridge\n    ' "$prefix"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the suite needs on this machine, those not installed yet.
+#   scripts/deps.sh          everything the tests need (kernel tests, Go reference, runtimes)
+#   scripts/deps.sh demo     what the demo needs
+set -euo pipefail
+
+demo=(iptables nftables iproute2 util-linux socat busybox-static)
+# conntrack/procps/kmod: kernel tests; containernetworking-plugins: the Go reference plugins in
+# /usr/lib/cni; podman/containerd/runc: the runtime end-to-end tests.
+tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc)
+
+case "${1:-tests}" in
+    demo) wanted=("${demo[@]}") ;;
+    tests) wanted=("${tests[@]}") ;;
+    *) echo "usage: $0 [tests|demo]" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${wanted[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+    echo "missing packages: ${missing[*]}; run as root to install them" >&2
+    exit 1
+fi
+echo "installing: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
