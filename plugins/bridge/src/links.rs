@@ -311,13 +311,20 @@ fn ensure_vlan_gateway(
             let port = host
                 .link_by_name(&port_name)?
                 .ok_or_else(|| CniError::io(format!("veth {port_name} vanished after creation")))?;
-            set_port_vlans(
+            // A gateway whose port never got its VLAN would be found and reused by every later
+            // ADD, so one that cannot be finished is removed (with its peer) before failing.
+            if let Err(e) = set_port_vlans(
                 host,
                 &LinkRef::of(&port),
                 conf.vlan,
                 &[],
                 conf.preserve_default_vlan,
-            )?;
+            ) {
+                if let Err(del) = host.delete_link(port.header.index) {
+                    eprintln!("removing the unfinished VLAN gateway {port_name}: {del}");
+                }
+                return Err(e);
+            }
         }
     }
     Err(CniError::internal(format!(
