@@ -34,12 +34,13 @@ fn load(req: &Request) -> Result<NetConf, CniError> {
     NetConf::parse(&req.config, &req.name, &req.env.args)
 }
 
-/// DEL's config: invalid fields take their defaults (reported on stderr), since a config that
-/// broke after ADD must not block removing what ADD made; ADD and CHECK still refuse it.
-fn load_for_del(req: &Request) -> Result<NetConf, CniError> {
+/// The config of the cleanup verbs, DEL and GC: invalid fields take their defaults (reported on
+/// stderr), since a config that broke after ADD must not block removing what ADD made; ADD and
+/// CHECK still refuse it.
+fn load_for_cleanup(req: &Request) -> Result<NetConf, CniError> {
     let (conf, ignored) = NetConf::parse_for_del(&req.config, &req.name, &req.env.args)?;
     for e in ignored {
-        eprintln!("DEL ignores an invalid field, using its default: {e}");
+        eprintln!("{} ignores an invalid field, using its default: {e}", req.env.command);
     }
     Ok(conf)
 }
@@ -71,7 +72,7 @@ impl Plugin for Bridge {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let conf = load_for_del(req)?;
+        let conf = load_for_cleanup(req)?;
         let (env, conf) = (&req.env, &conf);
         thread::scope(|s| {
             // IPAM releases the address while the interface goes.
@@ -118,7 +119,7 @@ impl Plugin for Bridge {
     }
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
-        let conf = load(req)?;
+        let conf = load_for_cleanup(req)?;
         let keep = req.valid_attachments()?;
         let (env, conf, keep) = (&req.env, &conf, &keep);
         thread::scope(|s| {

@@ -22,6 +22,8 @@ fn gc_removes_the_rules_and_addresses_of_gone_attachments() {
 
         let mut gc = conf.clone();
         gc["cni.dev/valid-attachments"] = json!([{"containerID": "gc-a", "ifname": "eth0"}]);
+        // An edit that ADD would now refuse must not stop the cleanup.
+        gc["mtu"] = json!(10);
         node.invocation("GC", None, "")
             .unset("CNI_CONTAINERID")
             .unset("CNI_IFNAME")
