@@ -40,7 +40,10 @@ fn load(req: &Request) -> Result<NetConf, CniError> {
 fn load_for_cleanup(req: &Request) -> Result<NetConf, CniError> {
     let (conf, ignored) = NetConf::parse_for_del(&req.config, &req.name, &req.env.args)?;
     for e in ignored {
-        eprintln!("{} ignores an invalid field, using its default: {e}", req.env.command);
+        eprintln!(
+            "{} ignores an invalid field, using its default: {e}",
+            req.env.command
+        );
     }
     Ok(conf)
 }
