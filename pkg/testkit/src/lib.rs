@@ -364,7 +364,9 @@ impl Invocation {
     }
 
     /// Runs the plugin with `stdin`, inside `host` when given.
-    pub fn run_in(&self, host: Option<&TestNs>, stdin: &[u8]) -> PluginOutput {
+    /// Starts the plugin with `stdin` written and closed, without waiting: for tests that run
+    /// many at once or kill one mid-operation.
+    pub fn spawn_in(&self, host: Option<&TestNs>, stdin: &[u8]) -> std::process::Child {
         let mut child = self
             .build(host)
             .spawn()
@@ -372,6 +374,11 @@ impl Invocation {
         if let Some(mut pipe) = child.stdin.take() {
             let _ = pipe.write_all(stdin);
         }
+        child
+    }
+
+    pub fn run_in(&self, host: Option<&TestNs>, stdin: &[u8]) -> PluginOutput {
+        let child = self.spawn_in(host, stdin);
         let out = child.wait_with_output().expect("waiting for the plugin");
         PluginOutput {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -5,31 +5,12 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use testkit::Invocation;
 
 /// Starts `inv` without waiting for it.
 fn spawn(inv: &Invocation, conf: &Value) -> Child {
-    let mut child = Command::new(&inv.plugin)
-        .env_clear()
-        .env("CNI_COMMAND", &inv.command)
-        .env("CNI_CONTAINERID", &inv.container_id)
-        .env("CNI_NETNS", &inv.netns)
-        .env("CNI_IFNAME", &inv.ifname)
-        .env("CNI_PATH", &inv.path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning host-local");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    child
+    inv.spawn_in(None, conf.to_string().as_bytes())
 }
 
 fn finish(child: Child) -> Value {

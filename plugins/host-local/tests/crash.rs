@@ -6,8 +6,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use testkit::Invocation;
 
@@ -35,23 +33,7 @@ impl Rng {
 
 /// Runs `inv` and SIGKILLs it after `delay` unless it finished first. True if it was killed.
 fn run_and_kill(inv: &Invocation, conf: &Value, delay: Duration) -> bool {
-    let mut child = Command::new(&inv.plugin)
-        .env_clear()
-        .env("CNI_COMMAND", &inv.command)
-        .env("CNI_CONTAINERID", &inv.container_id)
-        .env("CNI_NETNS", &inv.netns)
-        .env("CNI_IFNAME", &inv.ifname)
-        .env("CNI_PATH", &inv.path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _ = child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes());
+    let mut child = inv.spawn_in(None, conf.to_string().as_bytes());
     std::thread::sleep(delay);
     let killed = child.try_wait().unwrap().is_none();
     let _ = child.kill();
