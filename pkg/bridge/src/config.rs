@@ -1,6 +1,6 @@
 //! The bridge config: every field of the Go plugin, its defaults, and the checks ADD makes.
 
-use cni_protocol::{decode, CniError, Dns};
+use cni_protocol::{decode, gokeys, CniError, Dns};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -305,10 +305,13 @@ impl NetConf {
         cni_args: &[(String, String)],
     ) -> Result<(NetConf, Vec<CniError>), CniError> {
         let (mut raw, dropped) = decode_lenient(config);
-        if dropped.iter().any(|(k, _)| k == "ipMasq") {
+        if dropped.iter().any(|(k, _)| gokeys::fold_eq(k, "ipMasq")) {
             raw.ip_masq = Some(true);
         }
-        if dropped.iter().any(|(k, _)| k == "macspoofchk") {
+        if dropped
+            .iter()
+            .any(|(k, _)| gokeys::fold_eq(k, "macspoofchk"))
+        {
             raw.mac_spoof_chk = Some(true);
         }
         let mut ignored: Vec<CniError> = dropped.into_iter().map(|(_, e)| e).collect();
@@ -682,6 +685,42 @@ mod tests {
         let c = NetConf::parse(&json!({}), "n", &args).unwrap();
         assert_eq!(c.mac, Some([0x0a, 0, 0, 0, 0, 3]));
         assert_eq!(format_mac(&c.mac.unwrap()), "0a:00:00:00:00:03");
+    }
+
+    /// Keys are read in any case, as the Go plugin reads them; the exact one wins.
+    #[test]
+    fn keys_match_in_any_case_as_in_go() {
+        for (rc, args, cni, mac) in [
+            ("runtimeConfig", "args", "cni", "mac"),
+            ("RuntimeConfig", "Args", "CNI", "Mac"),
+            ("runtimeconfig", "ARGS", "Cni", "MAC"),
+        ] {
+            let c = NetConf::parse(&json!({rc: {mac: "0a:00:00:00:00:01"}}), "n", &[]).unwrap();
+            assert_eq!(c.mac, Some([0x0a, 0, 0, 0, 0, 1]), "{rc}.{mac}");
+            let c = NetConf::parse(&json!({args: {cni: {mac: "0a:00:00:00:00:02"}}}), "n", &[])
+                .unwrap();
+            assert_eq!(c.mac, Some([0x0a, 0, 0, 0, 0, 2]), "{args}.{cni}.{mac}");
+        }
+        let c = parse(json!({
+            "Bridge": "br9", "IsGateway": true, "IPMasq": true, "MTU": 1400, "HairpinMode": true,
+            "MacSpoofChk": true, "IPAM": {"Type": "host-local"},
+            "DNS": {"Nameservers": ["10.0.0.1"], "Search": ["a"]}
+        }))
+        .unwrap();
+        assert_eq!(c.bridge, "br9");
+        assert!(c.is_gateway && c.ip_masq && c.hairpin && c.mac_spoof_check);
+        assert_eq!(c.mtu, Some(1400));
+        assert_eq!(c.ipam_type.as_deref(), Some("host-local"));
+        assert_eq!(
+            c.dns.unwrap().nameservers,
+            ["10.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
+        let c = parse(json!({"bridge": "exact", "Bridge": "variant"})).unwrap();
+        assert_eq!(c.bridge, "exact");
+        // DEL's lenient reading knows a broken ipMasq in any case.
+        let (c, ignored) =
+            NetConf::parse_for_del(&json!({"IPMASQ": "yes", "bridge": "b"}), "n", &[]).unwrap();
+        assert!(c.ip_masq && !ignored.is_empty());
     }
 
     #[test]

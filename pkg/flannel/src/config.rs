@@ -1,6 +1,6 @@
 //! The flannel plugin's own config, with the Go plugin's field names and defaults.
 
-use cni_protocol::{decode, CniError};
+use cni_protocol::{decode, gokeys, CniError};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -12,6 +12,21 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/flannel";
 pub const DEFAULT_SUBNET_FILE_WAIT: Duration = Duration::from_secs(5);
 /// A runtime gives up on a plugin long before this; a larger wait is a mistake in the config.
 pub const MAX_SUBNET_FILE_WAIT: Duration = Duration::from_secs(600);
+
+/// The `delegate` keys flannel sets or reads; a case variant of one names it, as the
+/// delegate's Go-style decoder would read it.
+const DELEGATE_FIELDS: &[&str] = &[
+    "name",
+    "type",
+    "ipMasq",
+    "mtu",
+    "isGateway",
+    "cniVersion",
+    "ipam",
+    "runtimeConfig",
+];
+/// The `ipam` keys flannel sets or reads.
+const IPAM_FIELDS: &[&str] = &["type", "ranges", "routes"];
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConf {
@@ -79,8 +94,17 @@ impl NetConf {
             subnet_file: path_or(raw.subnet_file, DEFAULT_SUBNET_FILE),
             data_dir: path_or(raw.data_dir, DEFAULT_DATA_DIR),
             subnet_file_wait,
-            delegate: raw.delegate.unwrap_or_default(),
-            ipam: raw.ipam,
+            delegate: raw
+                .delegate
+                .map(|mut d| {
+                    gokeys::canonicalise(&mut d, DELEGATE_FIELDS);
+                    d
+                })
+                .unwrap_or_default(),
+            ipam: raw.ipam.map(|mut i| {
+                gokeys::canonicalise(&mut i, IPAM_FIELDS);
+                i
+            }),
             runtime_config: raw.runtime_config,
         })
     }

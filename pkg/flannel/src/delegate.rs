@@ -1,7 +1,7 @@
 //! The delegate's config, built from the flannel config and subnet.env as the Go plugin builds it.
 
 use crate::config::NetConf;
-use cni_protocol::CniError;
+use cni_protocol::{gokeys, CniError};
 use serde_json::{json, Map, Value};
 use subnetenv::SubnetEnv;
 
@@ -82,7 +82,7 @@ fn normalise_route(route: &Value, what: &str) -> Result<Value, CniError> {
             "field \"{what}\" must be a route object, got {route}"
         ))
     })?;
-    let dst = match o.get("dst") {
+    let dst = match gokeys::get(o, "dst") {
         Some(Value::String(s)) => {
             subnetenv::parse_cidr(s).map_err(|e| bad("dst", format!("{s:?}: {e}")))?
         }
@@ -91,7 +91,7 @@ fn normalise_route(route: &Value, what: &str) -> Result<Value, CniError> {
     };
     let mut out = Map::new();
     out.insert("dst".into(), json!(dst.to_string()));
-    match o.get("gw") {
+    match gokeys::get(o, "gw") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s.is_empty() => {}
         Some(Value::String(s)) => {
@@ -110,7 +110,7 @@ fn normalise_route(route: &Value, what: &str) -> Result<Value, CniError> {
         ("table", true),
         ("scope", true),
     ] {
-        match o.get(field) {
+        match gokeys::get(o, field) {
             None | Some(Value::Null) => {}
             Some(v) => {
                 let n = v
@@ -127,7 +127,7 @@ fn normalise_route(route: &Value, what: &str) -> Result<Value, CniError> {
 
 /// The `type` of a delegate config (saved or built), which names the plugin to exec.
 pub fn delegate_type(delegate: &Value) -> Result<&str, CniError> {
-    match delegate.get("type") {
+    match delegate.as_object().and_then(|o| gokeys::get(o, "type")) {
         Some(Value::String(t)) if !t.is_empty() => Ok(t),
         other => Err(CniError::invalid_config(format!(
             "the delegate config has no plugin type (field \"type\": {})",
@@ -226,6 +226,52 @@ mod tests {
                 }
             })
         );
+    }
+
+    /// A key in another case names the same field, as the Go decoders read them: the user's
+    /// values are kept under the CNI names rather than overridden by flannel's defaults.
+    #[test]
+    fn delegate_and_ipam_keys_match_in_any_case() {
+        let c = conf(json!({
+            "Name": "cbr0", "CNIVersion": "1.0.0", "SubnetFile": "/x/subnet.env",
+            "Delegate": {"Type": "bridge", "IPMasq": true, "MTU": 1300, "IsGateway": false, "HairpinMode": true},
+            "IPAM": {"Type": "my-ipam", "Routes": [{"Dst": "192.168.7.0/24", "GW": "10.244.1.254", "MTU": 9}]}
+        }));
+        assert_eq!(c.subnet_file, std::path::PathBuf::from("/x/subnet.env"));
+        assert_eq!(
+            build_delegate(&c, &sample("subnet-ipv4.env")).unwrap(),
+            json!({
+                "cniVersion": "1.0.0",
+                "name": "cbr0",
+                "type": "bridge",
+                "HairpinMode": true,
+                "isGateway": false,
+                "ipMasq": true,
+                "mtu": 1300,
+                "ipam": {
+                    "type": "my-ipam",
+                    "ranges": [[{"subnet": "10.244.1.0/24"}]],
+                    "routes": [
+                        {"dst": "192.168.7.0/24", "gw": "10.244.1.254", "mtu": 9},
+                        {"dst": "10.244.0.0/16"}
+                    ]
+                }
+            })
+        );
+        // flannel names the delegate: a "Name" in the delegate is refused like "name".
+        let named = conf(json!({"name": "n", "delegate": {"NAME": "x"}}));
+        assert!(build_delegate(&named, &sample("subnet-ipv4.env")).is_err());
+        assert_eq!(delegate_type(&json!({"Type": "ipvlan"})).unwrap(), "ipvlan");
+        // Capability args no plugin of the suite reads reach the delegate as the runtime sent them.
+        let rc = json!({
+            "bandwidth": {"IngressRate": 1, "IngressBurst": 2, "EgressRate": 3, "EgressBurst": 4},
+            "dns": {"Servers": ["10.0.0.10"], "Searches": ["svc"], "Options": ["ndots:5"]},
+            "aliases": {"net": ["a"]},
+            "portMappings": [{"HostPort": 8083, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}]
+        });
+        let c = conf(json!({"name": "n", "RuntimeConfig": rc}));
+        let d = build_delegate(&c, &sample("subnet-ipv4.env")).unwrap();
+        assert_eq!(d["runtimeConfig"], rc);
     }
 
     #[test]

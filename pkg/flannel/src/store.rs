@@ -2,7 +2,7 @@
 //! undoes exactly that. Same layout and content as the Go plugin's, in both directions.
 
 use cni_protocol::error::io_err;
-use cni_protocol::CniError;
+use cni_protocol::{gokeys, CniError};
 use serde_json::Value;
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -130,7 +130,12 @@ impl Store {
             }
             let ours = match self.load(&id)? {
                 Saved::Missing => false,
-                Saved::Config(c) => c.get("name").and_then(Value::as_str) == Some(network),
+                Saved::Config(c) => {
+                    c.as_object()
+                        .and_then(|o| gokeys::get(o, "name"))
+                        .and_then(Value::as_str)
+                        == Some(network)
+                }
                 Saved::Corrupt(_) => true,
             };
             if ours {

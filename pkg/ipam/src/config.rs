@@ -608,6 +608,46 @@ mod tests {
         assert_eq!(plan, [Some(ip("10.0.0.5")), Some(ip("2001:db8::9"))]);
     }
 
+    /// containerd's go-cni sends ipRanges with Go's field names; any case is read, as in Go.
+    #[test]
+    fn keys_match_in_any_case_as_in_go() {
+        for (subnet, start, end, gw, ips) in [
+            ("Subnet", "RangeStart", "RangeEnd", "Gateway", "ips"),
+            ("subnet", "rangestart", "rangeend", "gateway", "IPs"),
+            ("SUBNET", "rangeSTART", "RangeEND", "GateWay", "Ips"),
+        ] {
+            let c = load(json!({
+                "IPAM": {"Subnet": "10.1.0.0/24", "DataDir": "/tmp/x", "RANGES": [[{subnet: "10.2.0.0/24"}]]},
+                "Args": {"CNI": {ips: ["10.9.0.4"]}},
+                "RuntimeConfig": {
+                    "ipRanges": [[{subnet: "10.9.0.0/24", start: "10.9.0.3", end: "10.9.0.9", gw: "10.9.0.1"}]],
+                    "ips": ["10.9.0.5"]
+                }
+            }))
+            .unwrap();
+            assert_eq!(c.data_dir, PathBuf::from("/tmp/x"), "{subnet}");
+            let sets: Vec<String> = c.rangesets.iter().map(|r| r.set.to_string()).collect();
+            assert_eq!(
+                sets,
+                [
+                    "10.9.0.3-10.9.0.9",
+                    "10.1.0.1-10.1.0.254",
+                    "10.2.0.1-10.2.0.254"
+                ],
+                "{subnet}"
+            );
+            assert_eq!(c.rangesets[0].set.ranges[0].gateway, ip("10.9.0.1"));
+            let requested: Vec<IpAddr> = c.requested.iter().map(|r| r.ip).collect();
+            assert_eq!(requested, [ip("10.9.0.4"), ip("10.9.0.5")], "{ips}");
+        }
+        // The exact key wins over a case variant, whatever the order.
+        let c = load(json!({"ipam": {"subnet": "10.1.0.0/24", "dataDir": "/a", "DataDir": "/b"}}))
+            .unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/a"));
+        let s = StoreConfig::load(&json!({"IPAM": {"DATADIR": "/c"}}), "n").unwrap();
+        assert_eq!(s.data_dir, PathBuf::from("/c"));
+    }
+
     #[test]
     fn requested_gateway_or_outside_address_is_refused() {
         let v = json!({"ipam": {"subnet": "10.0.0.0/24"}});

@@ -515,6 +515,38 @@ mod tests {
         assert_eq!(c.mappings[4].host_ip, Some("2001:db8::1".parse().unwrap()));
     }
 
+    /// containerd's go-cni sends Go's field names (`HostPort`); any case is read, as in Go.
+    #[test]
+    fn mapping_and_option_keys_match_in_any_case_as_in_go() {
+        let want = Mapping {
+            host_port: 8083,
+            container_port: 80,
+            protocol: Protocol::Tcp,
+            host_ip: None,
+        };
+        for m in [
+            json!({"HostPort": 8083, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}),
+            json!({"hostport": 8083, "containerport": 80, "protocol": "tcp", "hostip": ""}),
+            json!({"HOSTPORT": 8083, "containerPORT": 80, "PROTOCOL": "tcp", "hostIp": ""}),
+        ] {
+            let c = parse(with_mappings(json!([m.clone()]))).unwrap();
+            assert_eq!(c.mappings, std::slice::from_ref(&want), "{m}");
+        }
+        let c = parse(json!({"SNAT": false, "MarkMasqBit": 5, "conditionsv4": ["-s", "x"],
+                             "RuntimeConfig": {"portMappings": [{"HostPort": 1, "ContainerPort": 2, "Protocol": "udp"}]}}))
+        .unwrap();
+        assert!(!c.snat);
+        assert_eq!(c.mark, MarkChain::Own { bit: 5 });
+        assert_eq!(c.conditions_v4, ["-s", "x"]);
+        assert_eq!(c.mappings[0].host_port, 1);
+        // The exact key wins over a case variant.
+        let c = parse(with_mappings(json!([
+            {"hostPort": 8083, "HostPort": 1, "containerPort": 80, "protocol": "tcp"}
+        ])))
+        .unwrap();
+        assert_eq!(c.mappings, [want]);
+    }
+
     #[test]
     fn bad_mappings_are_refused_naming_the_mapping() {
         let cases = [

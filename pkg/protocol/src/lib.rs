@@ -7,6 +7,7 @@
 
 pub mod env;
 pub mod error;
+pub mod gokeys;
 pub mod invoke;
 pub mod request;
 pub mod result;

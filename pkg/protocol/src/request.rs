@@ -2,6 +2,7 @@
 
 use crate::env::Env;
 use crate::error::{CniError, DECODING_FAILURE};
+use crate::gokeys::{self, GoKeys};
 use crate::result::CniResult;
 use crate::version::Version;
 use serde::de::DeserializeOwned;
@@ -26,9 +27,11 @@ pub struct Attachment {
     pub ifname: String,
 }
 
-/// Decodes a typed config from JSON; a wrong type is code 6 naming the field and the value.
+/// Decodes a typed config from JSON, matching keys to fields as the Go plugins do (exact name
+/// first, then any case: see [`crate::gokeys`]); a wrong type is code 6 naming the field and
+/// the value.
 pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, CniError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    serde_path_to_error::deserialize(GoKeys(value)).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path.is_empty() || path == "." {
@@ -53,7 +56,7 @@ impl Request {
 
     /// `prevResult`, converted from whatever version it was written in.
     pub fn prev_result(&self) -> Result<Option<CniResult>, CniError> {
-        match self.config.get("prevResult") {
+        match self.field("prevResult") {
             None | Some(Value::Null) => Ok(None),
             Some(v) => CniResult::parse(v, self.version)
                 .map(Some)
@@ -63,7 +66,12 @@ impl Request {
 
     /// `runtimeConfig`, or null.
     pub fn runtime_config(&self) -> &Value {
-        self.config.get("runtimeConfig").unwrap_or(&Value::Null)
+        self.field("runtimeConfig").unwrap_or(&Value::Null)
+    }
+
+    /// A top-level field of the config, its key matched as the Go plugins match it.
+    pub fn field(&self, name: &str) -> Option<&Value> {
+        self.config.as_object().and_then(|o| gokeys::get(o, name))
     }
 
     /// GC's `cni.dev/valid-attachments` (or the older `cni.dev/attachments`). The list must be
@@ -71,9 +79,8 @@ impl Request {
     /// runtime bug) is refused rather than read as "keep nothing"; `[]` says that explicitly.
     pub fn valid_attachments(&self) -> Result<Vec<Attachment>, CniError> {
         let list = self
-            .config
-            .get("cni.dev/valid-attachments")
-            .or_else(|| self.config.get("cni.dev/attachments"));
+            .field("cni.dev/valid-attachments")
+            .or_else(|| self.field("cni.dev/attachments"));
         let Some(list) = list.filter(|v| !v.is_null()) else {
             return Err(CniError::invalid_config(
                 "GC needs \"cni.dev/valid-attachments\", the attachments to keep; pass [] to release every one",
@@ -87,7 +94,12 @@ impl Request {
         items
             .iter()
             .map(|item| {
-                let field = |k: &str| item.get(k).and_then(Value::as_str).map(str::to_string);
+                let field = |k: &str| {
+                    item.as_object()
+                        .and_then(|o| gokeys::get(o, k))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
                 match (field("containerID"), field("ifname")) {
                     (Some(container_id), Some(ifname)) => Ok(Attachment { container_id, ifname }),
                     _ => Err(CniError::decode(format!(

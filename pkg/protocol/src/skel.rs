@@ -2,6 +2,7 @@
 
 use crate::env::{validate_network_name, Command, Env};
 use crate::error::{CniError, DECODING_FAILURE, INCOMPATIBLE_VERSION, IO_FAILURE};
+use crate::gokeys;
 use crate::request::Request;
 use crate::result::CniResult;
 use crate::version::{Version, LATEST, SUPPORTED_VERSIONS};
@@ -80,7 +81,8 @@ pub fn dispatch(
     let reply_version = serde_json::from_slice::<Value>(&raw)
         .ok()
         .and_then(|v| {
-            v.get("cniVersion")
+            v.as_object()
+                .and_then(|o| gokeys::get(o, "cniVersion"))
                 .and_then(Value::as_str)
                 .map(str::to_string)
         })
@@ -148,7 +150,8 @@ pub fn build_request(
             format!("the network config on stdin must be a JSON object, got {config}"),
         ));
     }
-    let version = match config.get("cniVersion") {
+    let top = |field: &str| config.as_object().and_then(|o| gokeys::get(o, field));
+    let version = match top("cniVersion") {
         None | Some(Value::Null) => Version::V0_1_0,
         Some(Value::String(s)) if s.is_empty() => Version::V0_1_0,
         Some(Value::String(s)) => Version::parse(s)?,
@@ -159,7 +162,7 @@ pub fn build_request(
             ))
         }
     };
-    let name = match config.get("name") {
+    let name = match top("name") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(other) => {

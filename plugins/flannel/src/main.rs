@@ -81,7 +81,7 @@ impl Plugin for Flannel {
         // The delegate checks what it made against the result the runtime holds.
         if let Some(o) = config.as_object_mut() {
             o.insert("cniVersion".into(), json!(req.version.as_str()));
-            if let Some(prev) = req.config.get("prevResult") {
+            if let Some(prev) = req.field("prevResult") {
                 o.insert("prevResult".into(), prev.clone());
             }
         }
