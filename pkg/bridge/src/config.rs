@@ -1,6 +1,6 @@
 //! The bridge config: every field of the Go plugin, its defaults, and the checks ADD makes.
 
-use cni_protocol::{decode, gokeys, CniError, Dns};
+use cni_protocol::{decode, decode_lenient, gokeys, CniError, Dns};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -260,30 +260,6 @@ fn collect_trunk(items: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
     Ok(vids)
 }
 
-/// The fields that decode, each on its own; the others are left at their defaults and
-/// returned with their error, by top-level key.
-fn decode_lenient(config: &Value) -> (Raw, Vec<(String, CniError)>) {
-    if let Ok(raw) = decode(config) {
-        return (raw, Vec::new());
-    }
-    let Some(fields) = config.as_object() else {
-        let why = decode::<Raw>(config).err().into_iter();
-        return (Raw::default(), why.map(|e| (String::new(), e)).collect());
-    };
-    let mut kept = serde_json::Map::new();
-    let mut dropped = Vec::new();
-    for (key, value) in fields {
-        let alone = Value::Object([(key.clone(), value.clone())].into_iter().collect());
-        match decode::<Raw>(&alone) {
-            Ok(_) => {
-                kept.insert(key.clone(), value.clone());
-            }
-            Err(e) => dropped.push((key.clone(), e)),
-        }
-    }
-    (decode(&Value::Object(kept)).unwrap_or_default(), dropped)
-}
-
 impl NetConf {
     /// Reads the config; `cni_args` supplies `MAC=` when the config carries no MAC.
     /// Checks only what every verb needs; [`NetConf::check_for_add`] adds ADD's checks.
@@ -304,7 +280,7 @@ impl NetConf {
         name: &str,
         cni_args: &[(String, String)],
     ) -> Result<(NetConf, Vec<CniError>), CniError> {
-        let (mut raw, dropped) = decode_lenient(config);
+        let (mut raw, dropped): (Raw, _) = decode_lenient(config);
         if dropped.iter().any(|(k, _)| gokeys::fold_eq(k, "ipMasq")) {
             raw.ip_masq = Some(true);
         }

@@ -1,6 +1,6 @@
 //! The flannel plugin's own config, with the Go plugin's field names and defaults.
 
-use cni_protocol::{decode, gokeys, CniError};
+use cni_protocol::{decode, decode_lenient, gokeys, CniError};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -48,7 +48,7 @@ pub struct NetConf {
     pub runtime_config: Option<Map<String, Value>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
     #[serde(default)]
@@ -73,11 +73,26 @@ impl NetConf {
     /// Decodes the config (wrong types are code 6 naming the field) and applies the defaults.
     pub fn parse(config: &Value) -> Result<NetConf, CniError> {
         let raw: Raw = decode(config)?;
-        let path_or = |v: Option<String>, default: &str| {
-            PathBuf::from(v.filter(|s| !s.is_empty()).as_deref().unwrap_or(default))
-        };
-        let subnet_file_wait = match raw.subnet_file_wait {
-            None => DEFAULT_SUBNET_FILE_WAIT,
+        let wait = Self::check_wait(raw.subnet_file_wait)?;
+        Ok(Self::from_raw(raw, wait))
+    }
+
+    /// DEL's reading: a field that does not decode or is invalid takes its default, and why is
+    /// returned to be reported, so that a config broken after ADD cannot keep the delegate's
+    /// state (its address, its rules, the saved config) on the node.
+    pub fn parse_for_del(config: &Value) -> (NetConf, Vec<CniError>) {
+        let (raw, dropped): (Raw, _) = decode_lenient(config);
+        let mut ignored: Vec<CniError> = dropped.into_iter().map(|(_, e)| e).collect();
+        let wait = Self::check_wait(raw.subnet_file_wait).unwrap_or_else(|e| {
+            ignored.push(e);
+            DEFAULT_SUBNET_FILE_WAIT
+        });
+        (Self::from_raw(raw, wait), ignored)
+    }
+
+    fn check_wait(wait: Option<f64>) -> Result<Duration, CniError> {
+        match wait {
+            None => Ok(DEFAULT_SUBNET_FILE_WAIT),
             Some(s) => Duration::try_from_secs_f64(s)
                 .ok()
                 .filter(|d| *d <= MAX_SUBNET_FILE_WAIT)
@@ -86,9 +101,15 @@ impl NetConf {
                         "field \"subnetFileWait\": {s} is not a number of seconds from 0 to {}",
                         MAX_SUBNET_FILE_WAIT.as_secs()
                     ))
-                })?,
+                }),
+        }
+    }
+
+    fn from_raw(raw: Raw, subnet_file_wait: Duration) -> NetConf {
+        let path_or = |v: Option<String>, default: &str| {
+            PathBuf::from(v.filter(|s| !s.is_empty()).as_deref().unwrap_or(default))
         };
-        Ok(NetConf {
+        NetConf {
             name: raw.name.unwrap_or_default(),
             cni_version: raw.cni_version.filter(|v| !v.is_empty()),
             subnet_file: path_or(raw.subnet_file, DEFAULT_SUBNET_FILE),
@@ -106,7 +127,7 @@ impl NetConf {
                 i
             }),
             runtime_config: raw.runtime_config,
-        })
+        }
     }
 
     /// The `delegate` fields flannel owns or needs typed: error 7 naming the field and value.

@@ -2,7 +2,7 @@
 
 use crate::ip::parse_addr_or_cidr;
 use crate::range::{Range, RangeConf, RangeSet};
-use cni_protocol::{decode, CniError, Request, Route, Version};
+use cni_protocol::{decode, decode_lenient, CniError, Request, Route, Version};
 use ipnetwork::IpNetwork;
 use serde::Deserialize;
 use std::net::IpAddr;
@@ -122,6 +122,18 @@ impl StoreConfig {
             network: network.to_string(),
             data_dir: data_dir_or_default(net.ipam.and_then(|i| i.data_dir)),
         })
+    }
+
+    /// DEL's reading: an `ipam` that does not decode leaves the default data directory, and
+    /// why is returned to be reported. The addresses are found by container ID, so releasing
+    /// where they are not is harmless, while failing would keep them reserved forever.
+    pub fn load_for_del(config: &serde_json::Value, network: &str) -> (StoreConfig, Vec<CniError>) {
+        let (net, dropped): (StoreNetConf, _) = decode_lenient(config);
+        let conf = StoreConfig {
+            network: network.to_string(),
+            data_dir: data_dir_or_default(net.ipam.and_then(|i| i.data_dir)),
+        };
+        (conf, dropped.into_iter().map(|(_, e)| e).collect())
     }
 
     /// The network's directory: `<dataDir>/<network>`.
@@ -674,6 +686,11 @@ mod tests {
             let c = StoreConfig::load(&v, "net1").unwrap();
             assert_eq!(c.network_dir(), PathBuf::from("/var/lib/cni/networks/net1"));
         }
+        let (c, ignored) = StoreConfig::load_for_del(&json!({"ipam": {"dataDir": 5}}), "net1");
+        assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert!(ignored[0].msg.contains("ipam.dataDir"), "{ignored:?}");
+        let (c, ignored) = StoreConfig::load_for_del(&json!({"ipam": {"dataDir": "/x"}}), "net1");
+        assert_eq!((c.data_dir, ignored), (PathBuf::from("/x"), vec![]));
         let e = StoreConfig::load(&json!({"ipam": {"dataDir": 5}}), "net1").unwrap_err();
         assert_eq!(e.code, 6);
         assert!(e.msg.contains("ipam.dataDir"), "{}", e.msg);

@@ -18,7 +18,7 @@ pub use cni_plugin::config::Dns;
 pub use cni_plugin::macaddr::MacAddr;
 pub use env::{Command, Env};
 pub use error::{CniError, Result};
-pub use request::{decode, Attachment, Request};
+pub use request::{decode, decode_lenient, Attachment, Request};
 pub use result::{CniResult, Interface, IpConfig, Route};
 pub use skel::{run, Plugin};
 pub use version::Version;

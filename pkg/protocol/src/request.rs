@@ -48,6 +48,34 @@ pub fn decode<T: DeserializeOwned>(value: &Value) -> Result<T, CniError> {
     })
 }
 
+/// DEL's reading of a config: the top-level fields that decode, each on its own; the others
+/// are left at their defaults and returned with their error, by key. A cleanup verb uses it so
+/// that a config it cannot fully use (broken after ADD, or written by a runtime in a shape we
+/// do not read) does not stop it from removing what it can find.
+pub fn decode_lenient<T: DeserializeOwned + Default>(
+    value: &Value,
+) -> (T, Vec<(String, CniError)>) {
+    let whole = match decode(value) {
+        Ok(t) => return (t, Vec::new()),
+        Err(e) => e,
+    };
+    let Some(fields) = value.as_object() else {
+        return (T::default(), vec![(String::new(), whole)]);
+    };
+    let mut kept = serde_json::Map::new();
+    let mut dropped = Vec::new();
+    for (key, field) in fields {
+        let alone = Value::Object([(key.clone(), field.clone())].into_iter().collect());
+        match decode::<T>(&alone) {
+            Ok(_) => {
+                kept.insert(key.clone(), field.clone());
+            }
+            Err(e) => dropped.push((key.clone(), e)),
+        }
+    }
+    (decode(&Value::Object(kept)).unwrap_or_default(), dropped)
+}
+
 impl Request {
     /// The plugin's typed view of the config.
     pub fn parse_config<T: DeserializeOwned>(&self) -> Result<T, CniError> {

@@ -38,7 +38,10 @@ impl Plugin for Flannel {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let conf = NetConf::parse(&req.config)?;
+        let (conf, ignored) = NetConf::parse_for_del(&req.config);
+        for e in ignored {
+            eprintln!("DEL ignores an invalid field, using its default: {e}");
+        }
         let store = Store::new(&conf.data_dir);
         let id = &req.env.container_id;
         let saved = match store.load(id)? {

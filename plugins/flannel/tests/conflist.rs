@@ -198,6 +198,55 @@ fn stock_conflist_dual_stack() {
     conflist_round_trip("subnet-dual.env", &[&V4, &V6], 1450, false);
 }
 
+/// containerd (go-cni) sends the mappings with Go's field names; a DEL whose config the
+/// plugins cannot use (mappings and a flannel field unreadable) still removes everything:
+/// portmap by container ID, then flannel, bridge and host-local from the saved delegate.
+#[test]
+fn go_style_mappings_are_forwarded_and_a_del_with_an_unusable_config_removes_everything() {
+    let node = Node::new(STACK);
+    node.write_subnet_env("subnet-ipv4.env");
+    let host = TestNs::new("flh");
+    let pod = TestNs::new("flp");
+    let container = unique_name("ctr");
+    let list = node.conflist();
+    let base = node
+        .flannel("ADD")
+        .container_id(&container)
+        .netns(&pod.path_str());
+    let go_cni = json!({"portMappings": [
+        {"HostPort": 8083, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}
+    ]});
+    conflist::add(&list, &base, Some(&host), go_cni.as_object().unwrap())
+        .unwrap_or_else(|out| panic!("conflist ADD failed: {out:?}"));
+    let rules = firewall(&host);
+    assert!(
+        rules.contains(&container) && rules.contains("8083"),
+        "no rule forwards 8083 for {container}:\n{rules}"
+    );
+    assert_eq!(node.allocations().len(), 1);
+
+    let mut broken = list.clone();
+    broken["plugins"][0]["subnetFileWait"] = json!("soon");
+    let unreadable = json!({"portMappings": [{"hostPort": "eighty", "containerPort": null}]});
+    conflist::del(
+        &broken,
+        &base,
+        Some(&host),
+        unreadable.as_object().unwrap(),
+        None,
+    )
+    .unwrap_or_else(|out| panic!("conflist DEL failed: {out:?}"));
+    let rules = firewall(&host);
+    assert!(
+        !rules.contains(&container),
+        "a rule still names {container}:\n{rules}"
+    );
+    assert_eq!(node.allocations(), Vec::<String>::new(), "address released");
+    assert!(pod.link("eth0").is_none(), "eth0 removed from the pod");
+    assert_eq!(host_veths(&host), Vec::<Value>::new(), "no veth left");
+    assert!(!node.saved(&container).exists(), "saved file removed");
+}
+
 #[test]
 fn a_delegate_that_fails_half_way_leaves_nothing_behind() {
     // A /30 has one address for pods: the second pod's IPAM fails after its veth exists.

@@ -37,7 +37,10 @@ impl Plugin for HostLocal {
     fn del(&self, req: &Request) -> Result<(), CniError> {
         // Only where the reservations are: a config that no longer validates must not
         // keep its addresses reserved.
-        let conf = StoreConfig::from_request(req)?;
+        let (conf, ignored) = StoreConfig::load_for_del(&req.config, &req.name);
+        for e in ignored {
+            eprintln!("DEL ignores an invalid field, using its default: {e}");
+        }
         // No directory: nothing was ever held here.
         let Some(mut store) = Store::open_existing(&conf.network_dir())? else {
             return Ok(());

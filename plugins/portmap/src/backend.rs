@@ -34,6 +34,24 @@ pub fn of(conf: &Config) -> &'static dyn Rules {
     }
 }
 
+/// Removes the container's rules from each backend whose tool is installed, for a DEL whose
+/// config does not say which backend ADD used.
+pub fn unforward_everywhere(network: &str, container_id: &str) -> Result<(), CniError> {
+    let mut first_error = None;
+    let backends: [(bool, &dyn Rules); 2] = [
+        (firewall::has_iptables(), &Iptables),
+        (firewall::has_nft(), &Nftables),
+    ];
+    for (installed, rules) in backends {
+        if installed {
+            if let Err(e) = rules.unforward(network, container_id) {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
 /// The backend when the config names none: the Go plugins' rule, iptables unless only nft
 /// is installed.
 pub fn default_backend() -> Backend {

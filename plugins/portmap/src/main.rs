@@ -68,12 +68,18 @@ impl Plugin for Portmap {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let conf = load_config(req)?;
-        // Without mappings ADD made nothing, as in the Go plugin.
-        if conf.mappings.is_empty() {
-            return Ok(());
+        let id = &req.env.container_id;
+        match load_config(req) {
+            // Without mappings ADD made nothing, as in the Go plugin.
+            Ok(conf) if conf.mappings.is_empty() => Ok(()),
+            Ok(conf) => backend::of(&conf).unforward(&conf.network, id),
+            // The rules are found by network name and container ID alone: a config DEL cannot
+            // use must not keep them, nor stop the runtime from running the rest of the chain.
+            Err(e) => {
+                eprintln!("DEL ignores a config it cannot use ({e}): removing container {id}'s rules from every backend");
+                backend::unforward_everywhere(&req.name, id)
+            }
         }
-        backend::of(&conf).unforward(&conf.network, &req.env.container_id)
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {

@@ -100,6 +100,39 @@ fn del_removes_one_container_and_leaves_the_others_and_the_shared_chains() {
     }
 }
 
+/// A DEL whose config cannot be used (mappings of the wrong type, an unknown backend) still
+/// removes the container's rules, found by network name and container ID in both backends,
+/// and succeeds so that the runtime goes on to DEL the rest of the chain.
+#[test]
+fn del_with_an_unusable_config_removes_the_containers_rules() {
+    let unusable = [
+        portmap_config(
+            "1.0.0",
+            json!({}),
+            json!([{"hostPort": "eighty", "containerPort": null}]),
+            None,
+        ),
+        portmap_config("1.0.0", json!({"backend": "ebpf"}), json!("junk"), None),
+    ];
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let pod = node.pod(true);
+        let added = portmap_config(
+            "1.0.0",
+            json!({"backend": backend}),
+            web_and_dns(),
+            Some(&pod.result),
+        );
+        for del in &unusable {
+            node.portmap("ADD", &pod, &added).ok();
+            assert!(node.firewall().contains(&pod.id), "{backend}");
+            node.portmap("DEL", &pod, del).ok();
+            let left = node.firewall();
+            assert!(!left.contains(&pod.id), "{backend}: {del}\n{left}");
+        }
+    }
+}
+
 #[test]
 fn del_of_a_container_never_added_succeeds() {
     let node = Node::new();
