@@ -3,8 +3,8 @@
 //! A UDP flow that conntrack saw before a port mapping existed keeps its old (un-NATed) entry
 //! for as long as packets keep coming, so a new mapping only takes effect once that entry goes.
 
+use crate::error::Error;
 use crate::firewall::Family;
-use cni_protocol::CniError;
 use nix::errno::Errno;
 use nix::sys::socket::{
     bind, recv, send, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
@@ -138,43 +138,43 @@ struct Ctnetlink {
 }
 
 impl Ctnetlink {
-    fn open() -> Result<Ctnetlink, CniError> {
+    fn open() -> Result<Ctnetlink, Error> {
         let fd = socket(
             AddressFamily::Netlink,
             SockType::Raw,
             SockFlag::SOCK_CLOEXEC,
             SockProtocol::NetlinkNetFilter,
         )
-        .map_err(|e| CniError::io(format!("opening a ctnetlink socket: {e}")))?;
+        .map_err(|e| Error::os("opening", "a ctnetlink socket", e))?;
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-            .map_err(|e| CniError::io(format!("binding the ctnetlink socket: {e}")))?;
+            .map_err(|e| Error::os("binding", "the ctnetlink socket", e))?;
         Ok(Ctnetlink {
             fd,
             buf: vec![0; 256 * 1024],
         })
     }
 
-    fn send(&self, msg: &[u8]) -> Result<(), CniError> {
+    fn send(&self, msg: &[u8]) -> Result<(), Error> {
         send(self.fd.as_raw_fd(), msg, MsgFlags::empty())
             .map(|_| ())
-            .map_err(|e| CniError::io(format!("sending to ctnetlink: {e}")))
+            .map_err(|e| Error::os("sending to", "ctnetlink", e))
     }
 
-    fn receive(&mut self) -> Result<&[u8], CniError> {
+    fn receive(&mut self) -> Result<&[u8], Error> {
         let n = loop {
             match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()) {
                 Err(Errno::EINTR) => continue,
                 other => break other,
             }
         }
-        .map_err(|e| CniError::io(format!("reading from ctnetlink: {e}")))?;
+        .map_err(|e| Error::os("reading from", "ctnetlink", e))?;
         Ok(&self.buf[..n])
     }
 }
 
 /// Deletes the conntrack entries of `family` whose original direction goes to one of `ports`
 /// over `protocol` (IANA number: 17 for UDP), and returns how many went.
-pub fn delete_by_dst_port(family: Family, protocol: u8, ports: &[u16]) -> Result<usize, CniError> {
+pub fn delete_by_dst_port(family: Family, protocol: u8, ports: &[u16]) -> Result<usize, Error> {
     if ports.is_empty() {
         return Ok(0);
     }
@@ -187,10 +187,11 @@ pub fn delete_by_dst_port(family: Family, protocol: u8, ports: &[u16]) -> Result
             match kind {
                 NLMSG_DONE => break 'dump,
                 NLMSG_ERROR if error_code(body) != 0 => {
-                    return Err(CniError::io(format!(
-                        "listing conntrack entries: {}",
-                        Errno::from_raw(error_code(body))
-                    )))
+                    return Err(Error::os(
+                        "listing",
+                        "conntrack entries",
+                        Errno::from_raw(error_code(body)),
+                    ))
                 }
                 k if k == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW => {
                     doomed.extend(deletion_key(body, protocol, ports));
@@ -210,10 +211,11 @@ pub fn delete_by_dst_port(family: Family, protocol: u8, ports: &[u16]) -> Result
             // Gone on its own in the meantime.
             c if c == Errno::ENOENT as i32 => {}
             c => {
-                return Err(CniError::io(format!(
-                    "deleting a conntrack entry: {}",
-                    Errno::from_raw(c)
-                )))
+                return Err(Error::os(
+                    "deleting",
+                    "a conntrack entry",
+                    Errno::from_raw(c),
+                ))
             }
         }
     }

@@ -1,10 +1,10 @@
 //! Firewall rules, written in one batch per operation: one `iptables-restore --noflush`
 //! or one `nft -f` transaction, so that an ADD or DEL pays the nf_tables commit once.
 
-use cni_protocol::invoke::is_executable;
-use cni_protocol::CniError;
+use crate::error::Error;
 use std::io::Write;
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
@@ -27,6 +27,13 @@ impl Family {
             Family::V6 => "ip6tables-save",
         }
     }
+}
+
+/// Whether `p` is a regular file (after symlinks) with an execute bit set.
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// Where `program` is on PATH: the first executable file of that name. Each program is
@@ -71,72 +78,75 @@ fn iptables_is_default_with(has_iptables: bool, has_nft: impl FnOnce() -> bool) 
     has_iptables || !has_nft()
 }
 
-fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String, CniError> {
+fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String, Error> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| CniError::io(format!("running {program}: {e}")))?;
+        .map_err(|e| Error::io("running", program, &e))?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(input.as_bytes())
-            .map_err(|e| CniError::io(format!("writing to {program}: {e}")))?;
+            .map_err(|e| Error::io("writing to", program, &e))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| CniError::io(format!("waiting for {program}: {e}")))?;
+        .map_err(|e| Error::io("waiting for", program, &e))?;
     if !out.status.success() {
-        return Err(CniError::io(format!(
-            "{program} {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-        .with_details(input.to_string()));
+        return Err(Error::failed(
+            "running",
+            format!("{program} {}", args.join(" ")),
+            format!(
+                "failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        )
+        .with_input(input));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Applies an `iptables-restore` document without flushing what is not in it.
 /// `-w` waits for the xtables lock that other writers hold.
-pub fn iptables_restore(family: Family, document: &str) -> Result<(), CniError> {
+pub fn iptables_restore(family: Family, document: &str) -> Result<(), Error> {
     run_with_input(family.restore_cmd(), &["--noflush", "-w", "5"], document).map(|_| ())
 }
 
 /// The current rules of one table, in `iptables-save` format.
-pub fn iptables_save(family: Family, table: &str) -> Result<String, CniError> {
+pub fn iptables_save(family: Family, table: &str) -> Result<String, Error> {
     let out = Command::new(family.save_cmd())
         .args(["-t", table])
         .output()
-        .map_err(|e| CniError::io(format!("running {}: {e}", family.save_cmd())))?;
+        .map_err(|e| Error::io("running", family.save_cmd(), &e))?;
     if !out.status.success() {
-        return Err(CniError::io(format!(
-            "{} -t {table} failed: {}",
-            family.save_cmd(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(Error::failed(
+            "running",
+            format!("{} -t {table}", family.save_cmd()),
+            format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Applies an nftables script as one transaction.
-pub fn nft_apply(script: &str) -> Result<(), CniError> {
+pub fn nft_apply(script: &str) -> Result<(), Error> {
     run_with_input("nft", &["-f", "-"], script).map(|_| ())
 }
 
 /// `nft` with arguments, returning its stdout (e.g. `-j list table inet cni_plugins_masquerade`).
-pub fn nft_query(args: &[&str]) -> Result<String, CniError> {
+pub fn nft_query(args: &[&str]) -> Result<String, Error> {
     run_with_input("nft", args, "")
 }
 
 /// `nft -j list table <family> <name>`: the table as JSON, or None when it does not exist.
-pub fn nft_list_table(family: &str, name: &str) -> Result<Option<String>, CniError> {
+pub fn nft_list_table(family: &str, name: &str) -> Result<Option<String>, Error> {
     let out = Command::new("nft")
         .args(["-j", "list", "table", family, name])
         .output()
-        .map_err(|e| CniError::io(format!("running nft: {e}")))?;
+        .map_err(|e| Error::io("running", "nft", &e))?;
     if out.status.success() {
         return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
     }
@@ -144,10 +154,11 @@ pub fn nft_list_table(family: &str, name: &str) -> Result<Option<String>, CniErr
     if stderr.contains("No such file or directory") {
         return Ok(None);
     }
-    Err(CniError::io(format!(
-        "nft -j list table {family} {name} failed: {}",
-        stderr.trim()
-    )))
+    Err(Error::failed(
+        "running",
+        format!("nft -j list table {family} {name}"),
+        format!("failed: {}", stderr.trim()),
+    ))
 }
 
 /// Where plugin runs that read rules and then write rules based on them take turns.
@@ -156,7 +167,7 @@ const RULES_LOCK: &str = "/run/cni-firewall.lock";
 /// Runs `f` holding an exclusive lock shared by every plugin run on the host, so that a
 /// read-then-write of shared chains (add a jump only when it is missing) is not interleaved
 /// with another's. When the lock cannot be had, `f` runs anyway: duplicates beat a failed ADD.
-pub fn with_rules_lock<T>(f: impl FnOnce() -> Result<T, CniError>) -> Result<T, CniError> {
+pub fn with_rules_lock<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     use nix::fcntl::{Flock, FlockArg};
     let lock = std::fs::OpenOptions::new()
         .create(true)

@@ -2,8 +2,8 @@
 //! the tools side by side, and removal reads the current rules first so that it deletes
 //! exactly what is there, whoever wrote it.
 
+use crate::error::Error;
 use crate::firewall::{self, Family};
-use cni_protocol::CniError;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -17,7 +17,7 @@ pub enum Batch {
 
 impl Batch {
     /// Runs the tool on the batch.
-    pub fn apply(&self) -> Result<(), CniError> {
+    pub fn apply(&self) -> Result<(), Error> {
         match self {
             Batch::Iptables(family, doc) => firewall::iptables_restore(*family, doc),
             Batch::Nft(script) => firewall::nft_apply(script),
@@ -25,7 +25,7 @@ impl Batch {
     }
 
     /// Runs the batch through `primed` (the same tool, already started) when there is one.
-    pub fn apply_with(&self, primed: Option<Primed>) -> Result<(), CniError> {
+    pub fn apply_with(&self, primed: Option<Primed>) -> Result<(), Error> {
         match (primed, self) {
             (Some(p), Batch::Iptables(_, input) | Batch::Nft(input)) => p.apply(input),
             (None, _) => self.apply(),
@@ -42,7 +42,7 @@ pub struct Primed {
 
 impl Primed {
     /// Starts `iptables-restore --noflush` (or ip6tables-restore) for `family`.
-    pub fn iptables(family: Family) -> Result<Primed, CniError> {
+    pub fn iptables(family: Family) -> Result<Primed, Error> {
         let program = match family {
             Family::V4 => "iptables-restore",
             Family::V6 => "ip6tables-restore",
@@ -51,21 +51,21 @@ impl Primed {
     }
 
     /// Starts `nft -f -`: one transaction.
-    pub fn nft() -> Result<Primed, CniError> {
+    pub fn nft() -> Result<Primed, Error> {
         Self::start("nft", &["-f", "-"])
     }
 
-    fn start(program: &'static str, args: &[&str]) -> Result<Primed, CniError> {
+    fn start(program: &'static str, args: &[&str]) -> Result<Primed, Error> {
         // Found once here, so that the child does not try every PATH entry in turn.
         let path = firewall::find_tool(program)
-            .ok_or_else(|| CniError::io(format!("{program} is not on PATH")))?;
+            .ok_or_else(|| Error::failed("finding", program, "it is not on PATH"))?;
         let child = Command::new(path)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| CniError::io(format!("running {program}: {e}")))?;
+            .map_err(|e| Error::io("running", program, &e))?;
         Ok(Primed {
             program,
             child: Some(child),
@@ -74,18 +74,18 @@ impl Primed {
 
     /// Gives the tool the start of its input, which it reads (loading what that needs) while
     /// the rest is not known yet.
-    pub fn feed(&mut self, part: &str) -> Result<(), CniError> {
+    pub fn feed(&mut self, part: &str) -> Result<(), Error> {
         let program = self.program;
         match self.child.as_mut().and_then(|c| c.stdin.as_mut()) {
             Some(stdin) => stdin
                 .write_all(part.as_bytes())
-                .map_err(|e| CniError::io(format!("writing to {program}: {e}"))),
-            None => Err(CniError::io(format!("{program} is not running"))),
+                .map_err(|e| Error::io("writing to", program, &e)),
+            None => Err(Error::failed("writing to", program, "it is not running")),
         }
     }
 
     /// Hands the tool the rest of its input and waits for it to apply the whole.
-    pub fn apply(mut self, input: &str) -> Result<(), CniError> {
+    pub fn apply(mut self, input: &str) -> Result<(), Error> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
@@ -98,16 +98,20 @@ impl Primed {
             .unwrap_or(Ok(()));
         let out = child
             .wait_with_output()
-            .map_err(|e| CniError::io(format!("waiting for {program}: {e}")))?;
+            .map_err(|e| Error::io("waiting for", program, &e))?;
         if !out.status.success() {
-            return Err(CniError::io(format!(
-                "{program} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-            .with_details(input.to_string()));
+            return Err(Error::failed(
+                "running",
+                program,
+                format!(
+                    "failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )
+            .with_input(input));
         }
-        written.map_err(|e| CniError::io(format!("writing to {program}: {e}")))
+        written.map_err(|e| Error::io("writing to", program, &e))
     }
 }
 
@@ -123,14 +127,15 @@ impl Drop for Primed {
 }
 
 /// Runs every batch, each in its own thread; all run even when one fails, the first error wins.
-pub fn apply_all(batches: &[Batch]) -> Result<(), CniError> {
+pub fn apply_all(batches: &[Batch]) -> Result<(), Error> {
     run_side_by_side(batches.iter().map(|b| move || b.apply()).collect())
 }
 
 /// Runs the jobs side by side and returns the first error.
-pub fn run_side_by_side<F>(jobs: Vec<F>) -> Result<(), CniError>
+pub fn run_side_by_side<F, E>(jobs: Vec<F>) -> Result<(), E>
 where
-    F: FnOnce() -> Result<(), CniError> + Send,
+    F: FnOnce() -> Result<(), E> + Send,
+    E: From<Error> + Send,
 {
     if jobs.len() <= 1 {
         return jobs.into_iter().try_for_each(|j| j());
@@ -139,9 +144,9 @@ where
         let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(j)).collect();
         let mut first = Ok(());
         for h in handles {
-            let r = h
-                .join()
-                .unwrap_or_else(|_| Err(CniError::internal("a rule batch thread panicked")));
+            let r = h.join().unwrap_or_else(|_| {
+                Err(Error::failed("running", "a rule batch", "its thread panicked").into())
+            });
             if first.is_ok() {
                 first = r;
             }
@@ -162,7 +167,7 @@ pub fn iptables_remove(
     families: &[Family],
     table: &str,
     plan: impl Fn(Family, &str) -> Option<String> + Sync,
-) -> Result<(), CniError> {
+) -> Result<(), Error> {
     let unreadable = Mutex::new(Vec::new());
     let (plan, unreadable_ref) = (&plan, &unreadable);
     let jobs = families
@@ -196,8 +201,8 @@ pub fn iptables_remove(
 
 enum Removal {
     /// `iptables-save` failed before anything was written.
-    Unreadable(CniError),
-    Failed(CniError),
+    Unreadable(Error),
+    Failed(Error),
 }
 
 fn remove_in(
@@ -226,10 +231,10 @@ fn remove_in(
 /// Removes nftables rules chosen from listings: each of `lists` is the arguments of one
 /// `nft -j list ...` (an absent table or chain reads as an empty string); `plan` returns the
 /// transaction that deletes them (None: nothing), or why it cannot read the listings.
-pub fn nft_remove(
+pub fn nft_remove<E: From<Error>>(
     lists: &[&[&str]],
-    plan: impl Fn(&[String]) -> Result<Option<String>, CniError>,
-) -> Result<(), CniError> {
+    plan: impl Fn(&[String]) -> Result<Option<String>, E>,
+) -> Result<(), E> {
     let mut last = Ok(());
     for _ in 0..ATTEMPTS {
         let listings = lists
@@ -244,16 +249,16 @@ pub fn nft_remove(
             return Ok(());
         }
     }
-    last
+    last.map_err(E::from)
 }
 
 /// `nft -j <args>`; a table or chain that does not exist lists as nothing.
-fn nft_list(args: &[&str]) -> Result<String, CniError> {
+fn nft_list(args: &[&str]) -> Result<String, Error> {
     let mut full = vec!["-j"];
     full.extend_from_slice(args);
     match firewall::nft_query(&full) {
         Ok(out) => Ok(out),
-        Err(e) if e.msg.contains("No such file or directory") => Ok(String::new()),
+        Err(e) if e.cause().contains("No such file or directory") => Ok(String::new()),
         Err(e) => Err(e),
     }
 }

@@ -1,6 +1,6 @@
 //! Network namespaces: opened by path, entered only for the length of a closure.
 
-use cni_protocol::error::{CniError, UNKNOWN_CONTAINER};
+use crate::error::{Error, Kind};
 use netns_rs::NetNs;
 use std::path::Path;
 
@@ -10,16 +10,14 @@ pub struct Netns {
 
 impl Netns {
     /// Opens the namespace at `path` (a bind mount or /proc/<pid>/ns/net).
-    /// A missing one is error 3, unknown container.
-    pub fn open(path: impl AsRef<Path>) -> Result<Netns, CniError> {
+    /// A missing one is an error of kind `NoNamespace`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Netns, Error> {
         let path = path.as_ref();
         netns_rs::get_from_path(path)
             .map(|inner| Netns { inner })
             .map_err(|e| {
-                CniError::new(
-                    UNKNOWN_CONTAINER,
-                    format!("cannot open network namespace {}: {e}", path.display()),
-                )
+                Error::failed("opening network namespace", path.display(), e)
+                    .with_kind(Kind::NoNamespace)
             })
     }
 
@@ -32,10 +30,10 @@ impl Netns {
     }
 
     /// The namespace of the calling thread.
-    pub fn current() -> Result<Netns, CniError> {
+    pub fn current() -> Result<Netns, Error> {
         netns_rs::get_from_current_thread()
             .map(|inner| Netns { inner })
-            .map_err(|e| CniError::io(format!("cannot open the current network namespace: {e}")))
+            .map_err(|e| Error::failed("opening the current network namespace", "", e))
     }
 
     pub fn path(&self) -> &Path {
@@ -48,13 +46,10 @@ impl Netns {
     }
 
     /// Runs `f` with the calling thread inside this namespace, then returns.
-    pub fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, CniError> {
-        self.inner.run(|_| f()).map_err(|e| {
-            CniError::io(format!(
-                "cannot enter network namespace {}: {e}",
-                self.path().display()
-            ))
-        })
+    pub fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, Error> {
+        self.inner
+            .run(|_| f())
+            .map_err(|e| Error::failed("entering network namespace", self.path().display(), e))
     }
 
     /// Whether two handles name the same namespace (same device and inode).

@@ -2,8 +2,7 @@
 //! because an interface name may contain dots, which a dotted sysctl name cannot express.
 //! Like every /proc/sys/net file, they belong to the calling thread's namespace.
 
-use cni_protocol::env::validate_ifname;
-use cni_protocol::CniError;
+use crate::error::Error;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Proto {
@@ -14,14 +13,19 @@ pub enum Proto {
 /// The file of one interface's sysctl. The name comes from configs and results, so it must be
 /// a real interface name: `all` and `default` would change every interface of the namespace,
 /// and `/` or `..` would leave the directory.
-fn path(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
-    if ifname == "all" || ifname == "default" {
-        return Err(CniError::invalid_config(format!(
-            "interface name {ifname:?} names every interface's sysctls, not one interface's"
-        )));
+fn path(proto: Proto, ifname: &str, key: &str) -> Result<String, Error> {
+    let problem = if ifname == "all" || ifname == "default" {
+        Some("names every interface's sysctls, not one interface's")
+    } else {
+        crate::ifname_problem(ifname)
+    };
+    if let Some(p) = problem {
+        return Err(Error::invalid(
+            "addressing the sysctls of interface",
+            format!("{ifname:?}"),
+            p,
+        ));
     }
-    validate_ifname(ifname)
-        .map_err(|e| CniError::invalid_config(e.msg.replace("CNI_IFNAME", "interface name")))?;
     let p = match proto {
         Proto::Ipv4 => "ipv4",
         Proto::Ipv6 => "ipv6",
@@ -30,17 +34,17 @@ fn path(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
 }
 
 /// Reads an interface sysctl, trimmed.
-pub fn get(proto: Proto, ifname: &str, key: &str) -> Result<String, CniError> {
+pub fn get(proto: Proto, ifname: &str, key: &str) -> Result<String, Error> {
     let p = path(proto, ifname, key)?;
     std::fs::read_to_string(&p)
         .map(|v| v.trim().to_string())
-        .map_err(|e| CniError::io(format!("reading {p}: {e}")))
+        .map_err(|e| Error::io("reading", &p, &e))
 }
 
 /// Writes an interface sysctl.
-pub fn set(proto: Proto, ifname: &str, key: &str, value: &str) -> Result<(), CniError> {
+pub fn set(proto: Proto, ifname: &str, key: &str, value: &str) -> Result<(), Error> {
     let p = path(proto, ifname, key)?;
-    std::fs::write(&p, value).map_err(|e| CniError::io(format!("writing {value} to {p}: {e}")))
+    std::fs::write(&p, value).map_err(|e| Error::io(format!("writing {value} to"), &p, &e))
 }
 
 #[cfg(test)]
@@ -55,7 +59,7 @@ mod tests {
         );
         for bad in ["all", "default", "..", "a/b", "", "abcdefghijklmnop"] {
             let e = path(Proto::Ipv4, bad, "route_localnet").unwrap_err();
-            assert_eq!(e.code, 7, "{bad}");
+            assert_eq!(e.kind(), crate::error::Kind::Invalid, "{bad}");
         }
     }
 }

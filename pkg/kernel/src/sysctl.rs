@@ -1,11 +1,11 @@
 //! Sysctls of the calling thread's network namespace.
 
-use cni_protocol::CniError;
+use crate::error::Error;
 use sysctl::Sysctl;
 
 /// Sets `name` (dotted, as `net.ipv4.ip_forward`) to `value`, skipping the write when it already holds it.
-pub fn set(name: &str, value: &str) -> Result<(), CniError> {
-    let ctl = sysctl::Ctl::new(name).map_err(|e| CniError::io(format!("sysctl {name}: {e}")))?;
+pub fn set(name: &str, value: &str) -> Result<(), Error> {
+    let ctl = sysctl::Ctl::new(name).map_err(|e| Error::failed("opening sysctl", name, e))?;
     if ctl
         .value_string()
         .map(|v| v.trim() == value)
@@ -15,12 +15,12 @@ pub fn set(name: &str, value: &str) -> Result<(), CniError> {
     }
     ctl.set_value_string(value)
         .map(|_| ())
-        .map_err(|e| CniError::io(format!("setting sysctl {name}={value}: {e}")))
+        .map_err(|e| Error::failed("setting sysctl", format!("{name}={value}"), e))
 }
 
-pub fn get(name: &str) -> Result<String, CniError> {
+pub fn get(name: &str) -> Result<String, Error> {
     sysctl::Ctl::new(name)
         .and_then(|c| c.value_string())
         .map(|v| v.trim().to_string())
-        .map_err(|e| CniError::io(format!("reading sysctl {name}: {e}")))
+        .map_err(|e| Error::failed("reading sysctl", name, e))
 }

@@ -115,3 +115,38 @@ pub fn io_err(what: impl fmt::Display) -> impl FnOnce(std::io::Error) -> CniErro
 }
 
 pub type Result<T, E = CniError> = std::result::Result<T, E>;
+
+/// The kernel layer's errors at a plugin's edge: a namespace that is not there is code 3
+/// (unknown container), an argument refused before the kernel saw it code 7, anything the
+/// kernel or a rule tool refused code 5; a tool's input goes in the details.
+#[cfg(feature = "kernel")]
+impl From<cni_kernel::Error> for CniError {
+    fn from(e: cni_kernel::Error) -> CniError {
+        let code = match e.kind() {
+            cni_kernel::Kind::NoNamespace => UNKNOWN_CONTAINER,
+            cni_kernel::Kind::Invalid => INVALID_NETWORK_CONFIG,
+            cni_kernel::Kind::Failed => IO_FAILURE,
+        };
+        CniError::new(code, e.to_string()).with_details(e.input())
+    }
+}
+
+#[cfg(all(test, feature = "kernel"))]
+mod kernel_tests {
+    use super::*;
+    use cni_kernel::{Error, Kind};
+
+    #[test]
+    fn kernel_errors_take_the_spec_code_of_their_kind() {
+        let gone = Error::failed("opening network namespace", "/run/netns/x", "gone")
+            .with_kind(Kind::NoNamespace);
+        assert_eq!(CniError::from(gone).code, UNKNOWN_CONTAINER);
+        let bad = Error::invalid("addressing the sysctls of interface", "\"all\"", "no");
+        assert_eq!(CniError::from(bad).code, INVALID_NETWORK_CONFIG);
+        let tool = Error::failed("running", "nft -f -", "syntax error").with_input("add rule x");
+        let e = CniError::from(tool);
+        assert_eq!(e.code, IO_FAILURE);
+        assert_eq!(e.msg, "running nft -f -: syntax error");
+        assert_eq!(e.details, "add rule x");
+    }
+}

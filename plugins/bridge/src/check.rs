@@ -3,9 +3,7 @@
 use cni_bridge::check::{check_addresses, check_routes, RouteEntry};
 use cni_bridge::config::format_mac;
 use cni_bridge::NetConf;
-use cni_kernel::netlink::{
-    controller_of, is_bridge, is_promisc, is_veth, mac_bytes, peer_index_of, LinkMessage, Netlink,
-};
+use cni_kernel::netlink::{Link, Netlink};
 use cni_kernel::Netns;
 use cni_protocol::{CniError, CniResult, Interface, Request};
 
@@ -13,9 +11,9 @@ fn fail(msg: String) -> CniError {
     CniError::internal(msg)
 }
 
-fn same_mac(want: &Interface, link: &LinkMessage) -> bool {
+fn same_mac(want: &Interface, link: &Link) -> bool {
     want.mac.is_empty()
-        || mac_bytes(link).is_some_and(|m| format_mac(m).eq_ignore_ascii_case(&want.mac))
+        || (!link.mac.is_empty() && format_mac(&link.mac).eq_ignore_ascii_case(&want.mac))
 }
 
 /// The bridge, the container veth in CNI_NETNS, its peer on the bridge, then the addresses
@@ -47,7 +45,7 @@ pub fn attachment(req: &Request, conf: &NetConf, prev: &CniResult) -> Result<(),
     let bridge = host
         .link_by_name(&conf.bridge)?
         .ok_or_else(|| fail(format!("bridge {} was not found", conf.bridge)))?;
-    if !is_bridge(&bridge) {
+    if !bridge.is_bridge() {
         return Err(fail(format!("{} is not a bridge", conf.bridge)));
     }
     if !same_mac(bridge_want, &bridge) {
@@ -56,12 +54,10 @@ pub fn attachment(req: &Request, conf: &NetConf, prev: &CniResult) -> Result<(),
             conf.bridge, bridge_want.mac
         )));
     }
-    if is_promisc(&bridge) != conf.promisc {
+    if bridge.promisc != conf.promisc {
         return Err(fail(format!(
             "bridge {} promiscuous mode is {}, the config says {}",
-            conf.bridge,
-            is_promisc(&bridge),
-            conf.promisc
+            conf.bridge, bridge.promisc, conf.promisc
         )));
     }
 
@@ -70,7 +66,7 @@ pub fn attachment(req: &Request, conf: &NetConf, prev: &CniResult) -> Result<(),
     let cont = pod
         .link_by_name(&env.ifname)?
         .ok_or_else(|| fail(format!("{} was not found in {}", env.ifname, env.netns)))?;
-    if !is_veth(&cont) {
+    if !cont.is_veth() {
         return Err(fail(format!(
             "{} in {} is not a veth",
             env.ifname, env.netns
@@ -92,10 +88,10 @@ pub fn attachment(req: &Request, conf: &NetConf, prev: &CniResult) -> Result<(),
         .into_iter()
         .any(|(want, link)| {
             link.is_some_and(|l| {
-                is_veth(&l)
-                    && peer_index_of(&cont) == Some(l.header.index)
-                    && peer_index_of(&l) == Some(cont.header.index)
-                    && controller_of(&l) == Some(bridge.header.index)
+                l.is_veth()
+                    && cont.peer_index == Some(l.index)
+                    && l.peer_index == Some(cont.index)
+                    && l.controller == Some(bridge.index)
                     && same_mac(want, &l)
             })
         });
@@ -106,7 +102,7 @@ pub fn attachment(req: &Request, conf: &NetConf, prev: &CniResult) -> Result<(),
         )));
     }
 
-    let addrs = pod.addresses(cont.header.index)?;
+    let addrs = pod.addresses(cont.index)?;
     let routes: Vec<RouteEntry> = pod
         .routes()?
         .into_iter()

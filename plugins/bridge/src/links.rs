@@ -2,9 +2,7 @@
 
 use cni_bridge::gateway::{plan_bridge_address, AddressPlan, Gateways};
 use cni_bridge::{host_veth_name, local_mac, NetConf};
-use cni_kernel::netlink::{
-    is_bridge, is_promisc, is_up, mac_bytes, name_of, BridgeSpec, Netlink, VethSpec,
-};
+use cni_kernel::netlink::{BridgeSpec, Link, Netlink, VethSpec};
 use cni_kernel::procsys::{self, Proto};
 use cni_kernel::{sysctl, Netns};
 use cni_protocol::{CniError, Interface};
@@ -19,11 +17,11 @@ pub struct LinkRef {
 }
 
 impl LinkRef {
-    pub fn of(link: &cni_kernel::netlink::LinkMessage) -> LinkRef {
+    pub fn of(link: &Link) -> LinkRef {
         LinkRef {
-            index: link.header.index,
-            name: name_of(link),
-            mac: mac_bytes(link).map(<[u8]>::to_vec).unwrap_or_default(),
+            index: link.index,
+            name: link.name.clone(),
+            mac: link.mac.clone(),
         }
     }
 
@@ -68,17 +66,17 @@ pub fn ensure_bridge(host: &Netlink, conf: &NetConf) -> Result<LinkRef, CniError
             })?
         }
     };
-    if !is_bridge(&link) {
+    if !link.is_bridge() {
         return Err(CniError::invalid_config(format!(
             "{:?} (field \"bridge\") already exists and is not a bridge",
             conf.bridge
         )));
     }
-    if conf.promisc && !is_promisc(&link) {
-        host.set_promisc(link.header.index, true)?;
+    if conf.promisc && !link.promisc {
+        host.set_promisc(link.index, true)?;
     }
-    if !is_up(&link) {
-        host.set_up(link.header.index, true)?;
+    if !link.up {
+        host.set_up(link.index, true)?;
     }
     Ok(LinkRef::of(&link))
 }
@@ -171,7 +169,7 @@ fn read_back(
 fn remove_pair(host: &Netlink, pod: &Netlink, host_name: &str, ifname: &str) {
     let delete = |nl: &Netlink, name: &str| -> Result<bool, CniError> {
         match nl.link_by_name(name)? {
-            Some(link) => nl.delete_link(link.header.index),
+            Some(link) => Ok(nl.delete_link(link.index)?),
             None => Ok(false),
         }
     };
@@ -266,8 +264,8 @@ pub fn ensure_gateways(
         if vlan_gateway.is_none() {
             // Pin the bridge's MAC: it would otherwise follow whichever port has the lowest.
             if let Some(link) = host.link_by_index(target.index)? {
-                if let Some(mac) = mac_bytes(&link) {
-                    host.set_mac(target.index, mac)?;
+                if !link.mac.is_empty() {
+                    host.set_mac(target.index, &link.mac)?;
                 }
             }
         }
@@ -292,8 +290,8 @@ fn ensure_vlan_gateway(
     let here = Netns::current()?;
     for _ in 0..10 {
         if let Some(link) = host.link_by_name(&name)? {
-            if !is_up(&link) {
-                host.set_up(link.header.index, true)?;
+            if !link.up {
+                host.set_up(link.index, true)?;
             }
             return Ok(LinkRef::of(&link));
         }
@@ -320,7 +318,7 @@ fn ensure_vlan_gateway(
                 &[],
                 conf.preserve_default_vlan,
             ) {
-                if let Err(del) = host.delete_link(port.header.index) {
+                if let Err(del) = host.delete_link(port.index) {
                     eprintln!("removing the unfinished VLAN gateway {port_name}: {del}");
                 }
                 return Err(e);

@@ -98,8 +98,8 @@ impl Plugin for Bridge {
             // Deleting the container end deletes the pair; DEL returns once both are gone
             // from the namespaces, not when the kernel has finished freeing them.
             let deleted = found.and_then(|c| {
-                c.map(|c| c.pod.delete_link_detached(&c.ns, c.link.index))
-                    .transpose()
+                Ok(c.map(|c| c.pod.delete_link_detached(&c.ns, c.link.index))
+                    .transpose()?)
             });
             let released = released.map(joined).transpose();
             let removed = removed.map(joined).transpose();

@@ -70,14 +70,14 @@ impl<'a> Writers<'a> {
                         let tail = masq::iptables_add_tail(&conf.name, &env.container_id, f, addrs);
                         match (f, self.iptables_v4.take()) {
                             (IpFamily::V4, Some(primed)) => {
-                                jobs.push(Box::new(move || primed.apply(&tail)))
+                                jobs.push(Box::new(move || Ok(primed.apply(&tail)?)))
                             }
                             _ => {
                                 let mut doc =
                                     masq::iptables_add_head(&conf.name, &env.container_id, f);
                                 doc.push_str(&tail);
                                 let batch = Batch::Iptables(family(f), doc);
-                                jobs.push(Box::new(move || batch.apply()));
+                                jobs.push(Box::new(move || Ok(batch.apply()?)));
                             }
                         }
                     }
@@ -97,7 +97,7 @@ impl<'a> Writers<'a> {
         if !nft.is_empty() {
             let batch = Batch::Nft(nft);
             let primed = self.nft.take();
-            jobs.push(Box::new(move || batch.apply_with(primed)));
+            jobs.push(Box::new(move || Ok(batch.apply_with(primed)?)));
         }
         // What was started and is not needed ends here, having committed nothing.
         drop(self);
@@ -151,9 +151,9 @@ pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), Cn
     if conf.ip_masq && firewall::has_iptables() && !families.is_empty() {
         let families: Vec<Family> = families.iter().map(|f| family(*f)).collect();
         jobs.push(Box::new(move || {
-            ipmasq::iptables_remove(&families, "nat", |_, saved| {
+            Ok(ipmasq::iptables_remove(&families, "nat", |_, saved| {
                 masq::iptables_remove(saved, &conf.name, &env.container_id)
-            })
+            })?)
         }));
     }
     let want_masq = conf.ip_masq;
@@ -212,14 +212,18 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
     if firewall::has_iptables() {
         jobs.push(Box::new(move || {
-            ipmasq::iptables_remove(&[Family::V4, Family::V6], "nat", |_, saved| {
-                let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
-                    .into_iter()
-                    .filter(|id| !ids.contains(&id.as_str()))
-                    .collect();
-                let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
-                masq::iptables_remove_all(saved, &conf.name, &stale)
-            })
+            Ok(ipmasq::iptables_remove(
+                &[Family::V4, Family::V6],
+                "nat",
+                |_, saved| {
+                    let stale: Vec<String> = masq::iptables_containers(saved, &conf.name)
+                        .into_iter()
+                        .filter(|id| !ids.contains(&id.as_str()))
+                        .collect();
+                    let stale: Vec<&str> = stale.iter().map(String::as_str).collect();
+                    masq::iptables_remove_all(saved, &conf.name, &stale)
+                },
+            )?)
         }));
     }
     if firewall::has_nft() {

@@ -1,6 +1,6 @@
 //! `loopback`: brings `lo` up inside the container's namespace, whatever CNI_IFNAME says.
 
-use cni_kernel::netlink::{is_up, Netlink};
+use cni_kernel::netlink::Netlink;
 use cni_kernel::Netns;
 use cni_protocol::{CniError, CniResult, Interface, IpConfig, Plugin, Request};
 
@@ -14,8 +14,8 @@ fn set_lo(ns: &Netns, up: bool) -> Result<Vec<ipnetwork::IpNetwork>, CniError> {
     let link = nl
         .link_by_name(LO)?
         .ok_or_else(|| CniError::io(format!("no {LO} link in {}", ns.path().display())))?;
-    nl.set_up(link.header.index, up)?;
-    nl.addresses(link.header.index)
+    nl.set_up(link.index, up)?;
+    Ok(nl.addresses(link.index)?)
 }
 
 impl Plugin for Loopback {
@@ -67,7 +67,7 @@ impl Plugin for Loopback {
         let ns = Netns::open(&req.env.netns)?;
         let nl = Netlink::open_in(&ns)?;
         match nl.link_by_name(LO)? {
-            Some(link) if is_up(&link) => Ok(()),
+            Some(link) if link.up => Ok(()),
             Some(_) => Err(CniError::internal(format!(
                 "loopback interface is down in {}",
                 req.env.netns

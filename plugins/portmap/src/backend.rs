@@ -74,7 +74,9 @@ struct Iptables;
 
 impl Iptables {
     fn nat_table(family: Family) -> Result<iptables::NatTable, CniError> {
-        firewall::iptables_save(family, "nat").map(|save| iptables::NatTable::parse(&save))
+        Ok(iptables::NatTable::parse(&firewall::iptables_save(
+            family, "nat",
+        )?))
     }
 }
 
@@ -168,7 +170,7 @@ impl Rules for Nftables {
             if script.is_empty() {
                 return Ok(());
             }
-            firewall::nft_apply(&script)
+            Ok(firewall::nft_apply(&script)?)
         })
     }
 
@@ -177,7 +179,7 @@ impl Rules for Nftables {
             let mut listed = Self::rules("ip")?;
             listed.extend(Self::rules("ip6")?);
             match nftables::del_script(container_id, &listed) {
-                Some(script) => firewall::nft_apply(&script),
+                Some(script) => Ok(firewall::nft_apply(&script)?),
                 None => Ok(()),
             }
         })

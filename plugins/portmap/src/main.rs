@@ -17,7 +17,7 @@ fn load_config(req: &Request) -> Result<Config, CniError> {
 /// Lets packets from 127.0.0.1, DNATed towards the container, be routed out of `dev`.
 fn allow_localhost_sources(dev: &str) -> Result<(), CniError> {
     procsys::set(procsys::Proto::Ipv4, dev, "route_localnet", "1").map_err(|e| {
-        e.context(format!(
+        CniError::from(e).context(format!(
             "enabling route_localnet on {dev:?}, prevResult's host interface"
         ))
     })

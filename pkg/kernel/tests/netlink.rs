@@ -1,0 +1,507 @@
+//! Every netlink operation against the real kernel, in a throwaway namespace, read back both
+//! through the layer and through iproute2 (what an operator would look at).
+
+use cni_kernel::netlink::{
+    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Route, Vxlan, VxlanSpec,
+};
+use cni_kernel::{Kind, Netns};
+use futures::StreamExt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+use testkit::TestNs;
+
+fn open(ns: &TestNs) -> (Netns, Netlink) {
+    let handle = Netns::open(ns.path()).unwrap();
+    let nl = Netlink::open_in(&handle).unwrap();
+    (handle, nl)
+}
+
+/// An underlay `under0` (a veth: this kernel has no dummy devices) with 192.168.50.1/24, up.
+fn underlay(ns: &TestNs, nl: &Netlink) -> u32 {
+    ns.ip(&[
+        "link", "add", "under0", "type", "veth", "peer", "name", "under1",
+    ]);
+    ns.ip(&["addr", "add", "192.168.50.1/24", "dev", "under0"]);
+    ns.ip(&["link", "set", "under0", "up"]);
+    nl.link_by_name("under0").unwrap().unwrap().index
+}
+
+fn vxlan_spec(device: u32) -> VxlanSpec {
+    VxlanSpec {
+        name: "flannel.1".into(),
+        vxlan: Vxlan {
+            vni: 1,
+            port: 8472,
+            local: Some("192.168.50.1".parse().unwrap()),
+            device: Some(device),
+            learning: false,
+            gbp: false,
+        },
+        mtu: Some(1450),
+        mac: Some([0x0e, 0, 0, 0, 0, 1]),
+    }
+}
+
+/// The vxlan device of `vxlan_spec`, up, and its index.
+fn overlay(ns: &TestNs, nl: &Netlink) -> u32 {
+    let under = underlay(ns, nl);
+    let (link, changed) = nl.ensure_vxlan(&vxlan_spec(under)).unwrap();
+    assert!(changed);
+    nl.set_up(link.index, true).unwrap();
+    link.index
+}
+
+#[test]
+fn a_bridge_and_its_addresses_are_made_once_and_removed_once() {
+    let ns = TestNs::new("kbr");
+    let (_h, nl) = open(&ns);
+    let spec = BridgeSpec {
+        name: "br-k",
+        mtu: Some(1400),
+        promisc: true,
+        vlan_filtering: false,
+        mac: [0x0a, 0x58, 0, 0, 0, 1],
+    };
+    assert!(nl.create_bridge(&spec).unwrap());
+    assert!(
+        !nl.create_bridge(&spec).unwrap(),
+        "a second create changes nothing"
+    );
+    let br = nl.link_by_name("br-k").unwrap().unwrap();
+    assert!(br.is_bridge(), "{br:?}");
+    nl.set_promisc(br.index, true).unwrap();
+    nl.set_up(br.index, true).unwrap();
+    let br = nl.link_by_index(br.index).unwrap().unwrap();
+    assert!(br.promisc && br.up, "{br:?}");
+    assert_eq!(
+        (br.mtu, br.mac_string().as_str()),
+        (Some(1400), "0a:58:00:00:00:01")
+    );
+    let shown = ns.link("br-k").unwrap();
+    assert_eq!(shown["linkinfo"]["info_kind"], "bridge");
+
+    let addr = "10.44.0.1/16".parse().unwrap();
+    assert!(nl.add_address(br.index, addr).unwrap());
+    assert!(!nl.add_address(br.index, addr).unwrap());
+    assert_eq!(ns.addresses("br-k"), ["10.44.0.1/16"]);
+    assert_eq!(nl.addresses(br.index).unwrap(), [addr]);
+    assert!(nl.del_address(br.index, addr).unwrap());
+    assert!(!nl.del_address(br.index, addr).unwrap());
+    assert!(ns.addresses("br-k").is_empty());
+
+    assert!(nl.delete_link(br.index).unwrap());
+    assert!(!nl.delete_link(br.index).unwrap());
+    assert!(ns.link("br-k").is_none());
+    assert_eq!(nl.link_by_name("br-k").unwrap(), None);
+}
+
+#[test]
+fn a_vxlan_device_is_made_read_back_compared_and_mended() {
+    let ns = TestNs::new("kvx");
+    let (_h, nl) = open(&ns);
+    let under = underlay(&ns, &nl);
+    let spec = vxlan_spec(under);
+    let (made, changed) = nl.ensure_vxlan(&spec).unwrap();
+    assert!(changed);
+    assert!(
+        spec.differences(&made).is_empty(),
+        "{:?}",
+        spec.differences(&made)
+    );
+    assert_eq!(made.vxlan.as_ref().unwrap(), &spec.vxlan);
+    // What iproute2 sees.
+    let shown = ns.link("flannel.1").unwrap();
+    let data = &shown["linkinfo"]["info_data"];
+    assert_eq!(data["id"], 1);
+    assert_eq!(data["port"], 8472);
+    assert_eq!(data["local"], "192.168.50.1");
+    assert_eq!(data["learning"], false);
+    assert_eq!(shown["mtu"], 1450);
+    assert_eq!(shown["address"], "0e:00:00:00:00:01");
+
+    let (again, changed) = nl.ensure_vxlan(&spec).unwrap();
+    assert!(!changed, "the same spec changes nothing");
+    assert_eq!(again.index, made.index);
+
+    // MTU is mended in place: same device.
+    let mtu = VxlanSpec {
+        mtu: Some(1400),
+        ..spec.clone()
+    };
+    assert!(!mtu.differences(&again).is_empty() && mtu.mendable(&again));
+    let (mended, changed) = nl.ensure_vxlan(&mtu).unwrap();
+    assert!(changed);
+    assert_eq!((mended.index, mended.mtu), (made.index, Some(1400)));
+
+    // Another VNI or GBP cannot be set on a live device: it is made again.
+    let other = VxlanSpec {
+        vxlan: Vxlan {
+            vni: 7,
+            gbp: true,
+            ..spec.vxlan.clone()
+        },
+        ..mtu.clone()
+    };
+    assert!(!other.mendable(&mended));
+    let (remade, changed) = nl.ensure_vxlan(&other).unwrap();
+    assert!(changed);
+    assert_ne!(remade.index, made.index);
+    assert_eq!(
+        remade.vxlan.as_ref().map(|v| (v.vni, v.gbp)),
+        Some((7, true))
+    );
+    let shown = ns.link("flannel.1").unwrap();
+    assert_eq!(shown["linkinfo"]["info_data"]["id"], 7);
+
+    // A link of that name that is no vxlan device is not taken over.
+    ns.ip(&["link", "add", "vx-taken", "type", "bridge"]);
+    let taken = VxlanSpec {
+        name: "vx-taken".into(),
+        ..spec.clone()
+    };
+    let e = nl.ensure_vxlan(&taken).unwrap_err();
+    assert_eq!(e.kind(), Kind::Invalid, "{e}");
+    assert!(e.to_string().contains("vx-taken"), "{e}");
+    assert!(ns.link("vx-taken").is_some());
+}
+
+/// The permanent entries of `dev`: the kernel adds its own (IPv6 multicast, NOARP) once the
+/// device is up.
+fn permanent_neighbours(nl: &Netlink, dev: u32) -> Vec<Neighbour> {
+    let mut all = nl.neighbours(dev).unwrap();
+    all.retain(|n| n.permanent);
+    all
+}
+
+#[test]
+fn permanent_neighbours_are_added_replaced_listed_and_deleted() {
+    let ns = TestNs::new("kne");
+    let (_h, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let ip: IpAddr = "10.5.3.0".parse().unwrap();
+    let n = Neighbour::permanent(dev, ip, [0x0e, 1, 2, 3, 4, 5]);
+    assert!(nl.create_neighbour(&n).unwrap());
+    assert!(!nl.create_neighbour(&n).unwrap());
+    assert!(!nl.replace_neighbour(&n).unwrap(), "already so");
+    assert_eq!(nl.neighbour(dev, ip).unwrap(), Some(n.clone()));
+    let moved = Neighbour::permanent(dev, ip, [0x0e, 9, 9, 9, 9, 9]);
+    assert!(nl.replace_neighbour(&moved).unwrap());
+    assert_eq!(permanent_neighbours(&nl, dev), std::slice::from_ref(&moved));
+    let shown = ns.ip("neigh show dev flannel.1"
+        .split(' ')
+        .collect::<Vec<_>>()
+        .as_slice());
+    assert!(
+        shown.contains("10.5.3.0 lladdr 0e:09:09:09:09:09 PERMANENT"),
+        "{shown}"
+    );
+    let v6 = Neighbour::permanent(dev, "fd00:5::1".parse().unwrap(), [0x0e, 1, 1, 1, 1, 1]);
+    assert!(nl.replace_neighbour(&v6).unwrap());
+    assert_eq!(permanent_neighbours(&nl, dev).len(), 2);
+    assert!(nl.delete_neighbour(dev, ip).unwrap());
+    assert!(!nl.delete_neighbour(dev, ip).unwrap());
+    assert_eq!(nl.neighbour(dev, ip).unwrap(), None);
+    assert_eq!(permanent_neighbours(&nl, dev), [v6]);
+}
+
+#[test]
+fn fdb_entries_are_added_replaced_listed_and_deleted() {
+    let ns = TestNs::new("kfd");
+    let (_h, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let mac = [0x0e, 1, 2, 3, 4, 5];
+    let e = FdbEntry::permanent(dev, mac, "192.168.50.2".parse().unwrap());
+    assert!(nl.add_fdb(&e).unwrap());
+    assert!(!nl.add_fdb(&e).unwrap(), "already so");
+    assert_eq!(nl.fdb_entry(dev, mac).unwrap(), Some(e.clone()));
+    let moved = FdbEntry::permanent(dev, mac, "192.168.50.3".parse().unwrap());
+    assert!(nl.add_fdb(&moved).unwrap());
+    let mine: Vec<FdbEntry> = nl
+        .fdb(dev)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.mac == mac)
+        .collect();
+    assert_eq!(mine, std::slice::from_ref(&moved));
+    let shown = ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
+    assert!(
+        shown.contains("0e:01:02:03:04:05 dst 192.168.50.3 self permanent"),
+        "{shown}"
+    );
+    assert!(nl.delete_fdb(&moved).unwrap());
+    assert!(!nl.delete_fdb(&moved).unwrap());
+    assert_eq!(nl.fdb_entry(dev, mac).unwrap(), None);
+    assert!(!ns
+        .run("bridge", &["fdb", "show", "dev", "flannel.1"])
+        .contains("0e:01:02:03:04:05"));
+}
+
+#[test]
+fn onlink_routes_are_created_replaced_listed_and_deleted() {
+    let ns = TestNs::new("krt");
+    let (_h, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let r = Route::new(
+        "10.5.3.0/24".parse().unwrap(),
+        Some("10.5.3.0".parse().unwrap()),
+        Some(dev),
+    )
+    .onlink();
+    assert!(nl.create_route(&r).unwrap());
+    assert!(!nl.create_route(&r).unwrap());
+    assert!(!nl.replace_route(&r).unwrap(), "already so");
+    assert!(nl.routes().unwrap().contains(&r));
+    let shown = ns.ip(&["route", "show", "10.5.3.0/24"]);
+    assert!(
+        shown.contains("10.5.3.0/24 via 10.5.3.0 dev flannel.1") && shown.contains("onlink"),
+        "{shown}"
+    );
+    let moved = Route {
+        gw: Some("10.5.3.1".parse().unwrap()),
+        ..r.clone()
+    };
+    assert!(nl.replace_route(&moved).unwrap());
+    let here: Vec<Route> = nl
+        .routes()
+        .unwrap()
+        .into_iter()
+        .filter(|x| x.dst == r.dst)
+        .collect();
+    assert_eq!(here, std::slice::from_ref(&moved));
+    // A table of its own.
+    let other = Route {
+        table: 1000,
+        ..r.clone()
+    };
+    assert!(nl.create_route(&other).unwrap());
+    assert_eq!(nl.table_routes(1000).unwrap(), std::slice::from_ref(&other));
+    assert!(ns
+        .ip(&["route", "show", "table", "1000"])
+        .contains("10.5.3.0/24"));
+    assert!(nl.delete_route(&moved).unwrap());
+    assert!(!nl.delete_route(&moved).unwrap());
+    assert!(nl.delete_route(&other).unwrap());
+    assert!(ns.ip(&["route", "show", "10.5.3.0/24"]).trim().is_empty());
+}
+
+/// Waits (bounded) for the first event `want` accepts.
+async fn seen(events: &mut Events, what: &str, want: impl Fn(&Event) -> bool) {
+    let deadline = Duration::from_secs(5);
+    let found = tokio::time::timeout(deadline, async {
+        while let Some(e) = events.next().await {
+            if want(&e) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        found,
+        Ok(true),
+        "no notification of {what} within {deadline:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn entries_deleted_by_hand_are_announced() {
+    let ns = TestNs::new("kev");
+    let handle = Netns::open(ns.path()).unwrap();
+    let conn = Conn::open_in(&handle).unwrap();
+    let mut events = Events::subscribe_in(&handle).unwrap();
+    ns.ip(&[
+        "link", "add", "under0", "type", "veth", "peer", "name", "under1",
+    ]);
+    ns.ip(&["link", "set", "under0", "up"]);
+    let dev = conn.link_by_name("under0").await.unwrap().unwrap().index;
+    seen(
+        &mut events,
+        "under0 made",
+        |e| matches!(e, Event::Link { link, removed: false } if link.name == "under0"),
+    )
+    .await;
+
+    let ip: IpAddr = "192.168.60.9".parse().unwrap();
+    let n = Neighbour::permanent(dev, ip, [0x0e, 0, 0, 0, 0, 9]);
+    assert!(conn.replace_neighbour(&n).await.unwrap());
+    ns.ip(&["neigh", "del", "192.168.60.9", "dev", "under0"]);
+    seen(
+        &mut events,
+        "the neighbour deleted by hand",
+        |e| matches!(e, Event::Neighbour { neighbour, removed: true } if neighbour.ip == ip),
+    )
+    .await;
+
+    let addr = "192.168.60.1/24".parse().unwrap();
+    assert!(conn.add_address(dev, addr).await.unwrap());
+    let r = Route::new(
+        "10.77.0.0/16".parse().unwrap(),
+        Some("192.168.60.254".parse().unwrap()),
+        Some(dev),
+    );
+    assert!(conn.create_route(&r).await.unwrap());
+    ns.ip(&["route", "del", "10.77.0.0/16"]);
+    seen(
+        &mut events,
+        "the route deleted by hand",
+        |e| matches!(e, Event::Route { route, removed: true } if route.dst == r.dst),
+    )
+    .await;
+    ns.ip(&["addr", "del", "192.168.60.1/24", "dev", "under0"]);
+    seen(
+        &mut events,
+        "the address deleted by hand",
+        |e| matches!(e, Event::Address { address, removed: true, .. } if *address == addr),
+    )
+    .await;
+
+    ns.ip(&[
+        "link", "add", "vx9", "type", "vxlan", "id", "9", "dstport", "8472", "dev", "under0",
+    ]);
+    let vx = conn.link_by_name("vx9").await.unwrap().unwrap().index;
+    let f = FdbEntry::permanent(vx, [0x0e, 0, 0, 0, 0, 7], "192.168.60.7".parse().unwrap());
+    assert!(conn.add_fdb(&f).await.unwrap());
+    ns.run(
+        "bridge",
+        &[
+            "fdb",
+            "del",
+            "0e:00:00:00:00:07",
+            "dev",
+            "vx9",
+            "dst",
+            "192.168.60.7",
+        ],
+    );
+    seen(
+        &mut events,
+        "the FDB entry deleted by hand",
+        |e| matches!(e, Event::Fdb { entry, removed: true } if entry.mac == f.mac),
+    )
+    .await;
+
+    ns.ip(&["link", "del", "vx9"]);
+    seen(
+        &mut events,
+        "the link deleted by hand",
+        |e| matches!(e, Event::Link { link, removed: true } if link.name == "vx9"),
+    )
+    .await;
+}
+
+#[test]
+fn blocking_calls_work_from_inside_an_async_runtime() {
+    let ns = TestNs::new("kas");
+    let (_h, nl) = open(&ns);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let lo = rt.block_on(async { nl.link_by_name("lo") }).unwrap();
+    assert!(lo.is_some_and(|l| l.up));
+    // Dropped inside a task too.
+    rt.block_on(async move { drop(nl) });
+}
+
+#[test]
+fn five_thousand_neighbours_fdb_entries_and_routes_are_programmed_and_listed() {
+    const N: u32 = 5000;
+    let ns = TestNs::new("k5k");
+    let (_h, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let peer = |i: u32| {
+        let mac = [0x0e, 0x10, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+        let subnet = Ipv4Addr::from(0x0a80_0000 + (i << 8));
+        (mac, subnet)
+    };
+    let neighbours: Vec<Neighbour> = (0..N)
+        .map(|i| {
+            let (mac, subnet) = peer(i);
+            Neighbour::permanent(dev, subnet.into(), mac)
+        })
+        .collect();
+    let fdb: Vec<FdbEntry> = (0..N)
+        .map(|i| {
+            let (mac, _) = peer(i);
+            let under = Ipv4Addr::from(0xc0a8_0000 + 0x100 + i);
+            FdbEntry::permanent(dev, mac, under.into())
+        })
+        .collect();
+    let routes: Vec<Route> = (0..N)
+        .map(|i| {
+            let (_, subnet) = peer(i);
+            Route::new(
+                ipnetwork::IpNetwork::new(subnet.into(), 24).unwrap(),
+                Some(subnet.into()),
+                Some(dev),
+            )
+            .onlink()
+        })
+        .collect();
+
+    let start = Instant::now();
+    assert!(nl
+        .replace_neighbours(&neighbours)
+        .unwrap()
+        .iter()
+        .all(|c| *c));
+    let t_neigh = start.elapsed();
+    assert!(nl.add_fdbs(&fdb).unwrap().iter().all(|c| *c));
+    let t_fdb = start.elapsed() - t_neigh;
+    assert!(nl.replace_routes(&routes).unwrap().iter().all(|c| *c));
+    let t_routes = start.elapsed() - t_neigh - t_fdb;
+    println!(
+        "programmed {N} neighbours in {t_neigh:?}, {N} FDB entries in {t_fdb:?}, {N} routes in {t_routes:?}"
+    );
+
+    let start = Instant::now();
+    // Besides ours, the device has the kernel's own (IPv6 multicast) entries.
+    let listed_neigh: Vec<Neighbour> = nl
+        .neighbours(dev)
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.permanent && n.ip.is_ipv4())
+        .collect();
+    let listed_fdb: Vec<FdbEntry> = nl
+        .fdb(dev)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.dst.is_some())
+        .collect();
+    let listed_routes: Vec<Route> = nl
+        .routes()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.oif == Some(dev) && r.onlink)
+        .collect();
+    println!("listed them in {:?}", start.elapsed());
+    assert_eq!(listed_neigh.len(), N as usize);
+    assert_eq!(listed_fdb.len(), N as usize);
+    assert_eq!(listed_routes.len(), N as usize);
+    assert!(neighbours.iter().all(|n| listed_neigh.contains(n)));
+    assert!(fdb.iter().all(|f| listed_fdb.contains(f)));
+    assert!(routes.iter().all(|r| listed_routes.contains(r)));
+    // What iproute2 counts.
+    let shown = ns.ip(&["route", "show", "dev", "flannel.1"]);
+    assert_eq!(
+        shown.lines().filter(|l| l.contains("onlink")).count(),
+        N as usize
+    );
+
+    let start = Instant::now();
+    assert!(nl
+        .replace_neighbours(&neighbours)
+        .unwrap()
+        .iter()
+        .all(|c| !*c));
+    assert!(nl.add_fdbs(&fdb).unwrap().iter().all(|c| !*c));
+    assert!(nl.replace_routes(&routes).unwrap().iter().all(|c| !*c));
+    println!("found all {} already there in {:?}", 3 * N, start.elapsed());
+    assert!(nl.delete_routes(&routes).unwrap().iter().all(|c| *c));
+    assert!(nl
+        .routes()
+        .unwrap()
+        .iter()
+        .all(|r| r.oif != Some(dev) || !r.onlink));
+}
