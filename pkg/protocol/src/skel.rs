@@ -1,6 +1,6 @@
 //! The plugin entry point: reads the environment and stdin, checks them, calls a verb, prints the answer.
 
-use crate::env::{validate_network_name, Command, Env};
+use crate::env::{validate_container_id, validate_network_name, Command, Env};
 use crate::error::{CniError, DECODING_FAILURE, INCOMPATIBLE_VERSION, IO_FAILURE};
 use crate::gokeys;
 use crate::request::Request;
@@ -93,6 +93,17 @@ pub fn dispatch(
         Err(e) => return failure(&e, reply_version),
     };
     let version = req.version;
+    if req.env.command == Command::Del {
+        if let Err(e) = validate_container_id(&req.env.container_id) {
+            // Every ADD refuses this ID, so nothing was made for it; an error would only
+            // make a runtime that retries DEL until it succeeds retry forever.
+            eprintln!("DEL: nothing to do: {}", e.msg);
+            return Outcome {
+                stdout: String::new(),
+                exit_code: 0,
+            };
+        }
+    }
     match call(plugin, &req) {
         Ok(Some(result)) => match result.to_json(version) {
             Ok(v) => success(&v),

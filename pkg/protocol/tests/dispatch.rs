@@ -52,9 +52,13 @@ impl Plugin for Recorder {
 }
 
 fn run(p: &Recorder, command: &str, conf: &Value) -> (Outcome, Value) {
+    run_as(p, command, "c1", conf)
+}
+
+fn run_as(p: &Recorder, command: &str, container_id: &str, conf: &Value) -> (Outcome, Value) {
     let env: HashMap<&str, String> = HashMap::from([
         ("CNI_COMMAND", command.to_string()),
-        ("CNI_CONTAINERID", "c1".to_string()),
+        ("CNI_CONTAINERID", container_id.to_string()),
         ("CNI_NETNS", "/run/netns/x".to_string()),
         ("CNI_IFNAME", "eth0".to_string()),
         ("CNI_PATH", "/opt/cni/bin".to_string()),
@@ -150,4 +154,33 @@ fn del_and_check_print_nothing_on_success() {
     assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""));
     let (out, _) = run(&p, "CHECK", &json!({"cniVersion": "1.0.0", "name": "n"}));
     assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""));
+}
+
+#[test]
+fn del_of_an_id_every_add_refuses_succeeds_without_running_the_verb() {
+    let conf = json!({"cniVersion": "1.0.0", "name": "n"});
+    for id in ["../x", "a/b", "-a", "a b"] {
+        let p = Recorder::default();
+        let (_, v) = run_as(&p, "ADD", id, &conf);
+        assert_eq!(v["code"], 4, "ADD {id:?}: {v}");
+        let (out, _) = run_as(&p, "DEL", id, &conf);
+        assert_eq!((out.exit_code, out.stdout.as_str()), (0, ""), "DEL {id:?}");
+        assert!(
+            p.calls.borrow().is_empty(),
+            "{id:?}: {:?}",
+            p.calls.borrow()
+        );
+    }
+}
+
+#[test]
+fn long_container_ids_reach_every_verb() {
+    let conf = json!({"cniVersion": "1.1.0", "name": "n"});
+    let long = "a".repeat(1000);
+    let p = Recorder::default();
+    for cmd in ["ADD", "CHECK", "DEL"] {
+        let (out, v) = run_as(&p, cmd, &long, &conf);
+        assert_eq!(out.exit_code, 0, "{cmd}: {v}");
+    }
+    assert_eq!(*p.calls.borrow(), ["ADD 1.1.0", "CHECK", "DEL"]);
 }

@@ -601,3 +601,33 @@ fn gc_needs_1_1_0() {
     let net = Net::new();
     ours("GC").run(&net.subnet("1.0.0", "10.44.0.0/24")).err(1);
 }
+
+#[test]
+fn a_long_container_id_is_stored_inside_the_file_as_go_does() {
+    let net = Net::new();
+    let conf = net.subnet("1.1.0", "10.42.0.0/24");
+    let (long, other) = ("a".repeat(1000), "b".repeat(1000));
+    for id in [&long, &other] {
+        ours("ADD").container_id(id).run(&conf).ok();
+    }
+    let files = net.reservations();
+    assert_eq!(files["10.42.0.2"], format!("{long}\r\neth0"));
+    ours("CHECK").container_id(&long).run(&conf).ok();
+    // GC keeps what the list names, whatever CNI_CONTAINERID holds.
+    ours("GC")
+        .container_id(&long)
+        .run(&gc_conf(
+            &net,
+            "cni.dev/valid-attachments",
+            &[(&long, "eth0")],
+        ))
+        .ok();
+    assert_eq!(
+        net.reservations().into_keys().collect::<Vec<_>>(),
+        ["10.42.0.2"]
+    );
+    for _ in 0..2 {
+        ours("DEL").container_id(&long).run(&conf).ok();
+    }
+    net.assert_empty();
+}

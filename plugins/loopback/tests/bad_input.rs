@@ -55,23 +55,22 @@ fn unknown_command() {
 
 #[test]
 fn bad_container_ids() {
-    let long = "a".repeat(1000);
-    for id in ["../x", "a/b", long.as_str()] {
+    for id in ["../x", "a/b"] {
         let e = add().container_id(id).run(&good()).err(4);
-        assert_names(&e, &["CNI_CONTAINERID"]);
-        if id.len() < 100 {
-            assert_names(&e, &[id]);
-        } else {
-            assert_names(&e, &["1000 bytes"]);
-            assert_eq!(e["details"], id);
-        }
+        assert_names(&e, &["CNI_CONTAINERID", id]);
+        // No ADD takes it, so nothing was made for it: DEL has nothing to undo.
+        add().command("DEL").container_id(id).run(&good()).ok();
     }
     // An empty variable is a missing one.
     let e = add().container_id("").run(&good()).err(4);
     assert_names(&e, &["CNI_CONTAINERID"]);
-    // Upper case is allowed, as the spec's pattern allows it.
-    let e = add().container_id("ABC-def_1.2").run(&good()).err(3);
-    assert_names(&e, &["/run/netns/unused"]);
+    // Upper case is allowed, as the spec's pattern allows it, and so is any length, as in Go:
+    // these get as far as the namespace.
+    let long = "a".repeat(1000);
+    for id in ["ABC-def_1.2", long.as_str()] {
+        let e = add().container_id(id).run(&good()).err(3);
+        assert_names(&e, &["/run/netns/unused"]);
+    }
 }
 
 #[test]
