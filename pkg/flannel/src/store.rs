@@ -10,6 +10,14 @@ use std::io::{ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+/// NAME_MAX: the longest file name Linux file systems take.
+pub const MAX_FILE_NAME_LEN: usize = 255;
+
+/// A name too long to be a file's: no file can exist under it.
+fn name_too_long(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENAMETOOLONG)
+}
+
 /// What `<dataDir>/<containerID>` holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Saved {
@@ -39,6 +47,19 @@ impl Store {
     /// path component, never starting with a dot.
     pub fn path(&self, container_id: &str) -> PathBuf {
         self.dir.join(container_id)
+    }
+
+    /// ADD's check: the container ID must be usable as the saved file's name. Code 4, as
+    /// for any other container ID the plugin cannot take.
+    pub fn check_file_name(container_id: &str) -> Result<(), CniError> {
+        if container_id.len() <= MAX_FILE_NAME_LEN {
+            return Ok(());
+        }
+        Err(CniError::env(format!(
+            "invalid CNI_CONTAINERID: {} bytes long; flannel saves the delegate config in a file named by it, and a file name holds at most {MAX_FILE_NAME_LEN} bytes",
+            container_id.len()
+        ))
+        .with_details(container_id.to_string()))
     }
 
     /// Writes the delegate config for `container_id`: directory 0700, file 0600, written to
@@ -71,7 +92,9 @@ impl Store {
         let path = self.path(container_id);
         let bytes = match fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Saved::Missing),
+            Err(e) if e.kind() == ErrorKind::NotFound || name_too_long(&e) => {
+                return Ok(Saved::Missing)
+            }
             Err(e) => {
                 return Err(CniError::io(format!(
                     "reading the saved delegate config {}: {e}",
@@ -90,10 +113,9 @@ impl Store {
     pub fn remove(&self, container_id: &str) -> Result<(), CniError> {
         let path = self.path(container_id);
         match fs::remove_file(&path) {
-            Err(e) if e.kind() != ErrorKind::NotFound => Err(CniError::io(format!(
-                "removing the saved delegate config {}: {e}",
-                path.display()
-            ))),
+            Err(e) if e.kind() != ErrorKind::NotFound && !name_too_long(&e) => Err(CniError::io(
+                format!("removing the saved delegate config {}: {e}", path.display()),
+            )),
             _ => Ok(()),
         }
     }

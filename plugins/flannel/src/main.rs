@@ -21,8 +21,9 @@ impl Plugin for Flannel {
 
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
         let conf = NetConf::parse(&req.config)?;
-        // A config error is reported at once, not after waiting for subnet.env.
+        // A config or ID error is reported at once, not after waiting for subnet.env.
         conf.check_delegate()?;
+        Store::check_file_name(&req.env.container_id)?;
         let subnet_env = wait_for_subnet_env(&conf.subnet_file, conf.subnet_file_wait)?;
         let config = build_delegate(&conf, &subnet_env)?;
         let plugin = delegate_type(&config)?;

@@ -477,3 +477,63 @@ fn a_delegate_missing_from_cni_path_is_code_4_naming_the_type_and_the_path() {
         "no saved delegate is left behind"
     );
 }
+
+#[test]
+fn an_id_too_long_for_a_file_name_is_refused_at_add_and_del_and_gc_succeed() {
+    let node = node();
+    node.write_subnet_env("subnet-ipv4.env");
+    let conf = config(&node, "1.1.0");
+    let (longest, too_long, huge) = ("a".repeat(255), "b".repeat(256), "c".repeat(1000));
+
+    // The longest file name works end to end.
+    node.flannel("ADD")
+        .container_id(&longest)
+        .netns(NETNS)
+        .run(&conf)
+        .ok();
+    assert!(node.saved(&longest).exists());
+
+    for id in [&too_long, &huge] {
+        let e = node
+            .flannel("ADD")
+            .container_id(id)
+            .netns(NETNS)
+            .run(&conf)
+            .err(4);
+        let msg = e["msg"].as_str().unwrap();
+        assert!(
+            msg.contains("CNI_CONTAINERID") && msg.contains("255"),
+            "{msg}"
+        );
+        // Nothing was made for it, so DEL has nothing to undo and succeeds, as often as asked.
+        for _ in 0..2 {
+            node.flannel("DEL")
+                .container_id(id)
+                .netns(NETNS)
+                .run(&conf)
+                .ok();
+        }
+        node.flannel("CHECK")
+            .container_id(id)
+            .netns(NETNS)
+            .run(&conf)
+            .err(3);
+    }
+    assert!(node.fake_call("ADD").unwrap()["name"] == NETWORK);
+    assert!(node.fake_call("DEL").is_none(), "no delegate DEL ran");
+
+    // GC keeps what the list names, however long its IDs, whatever CNI_CONTAINERID holds.
+    let mut gc_conf = conf.clone();
+    gc_conf["cni.dev/valid-attachments"] = json!([
+        {"containerID": longest, "ifname": "eth0"},
+        {"containerID": huge, "ifname": "eth0"}
+    ]);
+    node.flannel("GC").container_id(&huge).run(&gc_conf).ok();
+    assert!(node.saved(&longest).exists());
+    node.flannel("DEL")
+        .container_id(&longest)
+        .netns(NETNS)
+        .run(&conf)
+        .ok();
+    assert!(!node.saved(&longest).exists());
+}
