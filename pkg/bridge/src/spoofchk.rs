@@ -4,6 +4,7 @@
 
 use crate::config::format_mac;
 use crate::masq::{nft_chains, nft_rules};
+use cni_protocol::CniError;
 use fwnames::go_quote;
 use serde_json::Value;
 
@@ -13,6 +14,23 @@ const BASE_CHAIN: &str = "PREROUTING";
 /// What names one attachment's chains and comments: `<containerID>-<ifname>`.
 pub fn ref_id(container_id: &str, ifname: &str) -> String {
     format!("{container_id}-{ifname}")
+}
+
+/// nftables' limit on a rule comment, the tighter of its two limits on these names.
+const MAX_COMMENT_LEN: usize = 128;
+
+/// ADD's check that the attachment's names fit nftables: its rule comments carry the
+/// container ID, so a long one cannot have macspoofchk. Code 7 naming the field and the limit.
+pub fn check_names_fit(container_id: &str, ifname: &str) -> Result<(), CniError> {
+    let comment = rule_comment(&ref_id(container_id, ifname));
+    if comment.len() <= MAX_COMMENT_LEN {
+        return Ok(());
+    }
+    Err(CniError::invalid_config(format!(
+        "macspoofchk: the nftables rules are commented \"macspoofchk-<containerID>-<ifname>\", which nftables limits to {MAX_COMMENT_LEN} characters; with CNI_IFNAME {ifname:?} the container ID may have at most {} bytes, it has {}",
+        MAX_COMMENT_LEN - (comment.len() - container_id.len()),
+        container_id.len()
+    )))
 }
 
 fn iface_chain(ref_id: &str) -> String {
@@ -74,6 +92,17 @@ pub fn teardown_script(listing: &Value, ref_id: &str) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn container_ids_too_long_for_the_comment_are_refused_naming_the_limit() {
+        // "macspoofchk-" + ID + "-eth0": 111 bytes of ID fill 128.
+        check_names_fit(&"a".repeat(111), "eth0").unwrap();
+        let e = check_names_fit(&"a".repeat(112), "eth0").unwrap_err();
+        assert_eq!(e.code, cni_protocol::error::INVALID_NETWORK_CONFIG);
+        assert!(e.msg.contains("at most 111 bytes, it has 112"), "{}", e.msg);
+        check_names_fit(&"a".repeat(100), "abcdefghijklmno").unwrap();
+        assert!(check_names_fit(&"a".repeat(1000), "eth0").is_err());
+    }
 
     #[test]
     fn setup_names_chains_and_comments_as_go() {

@@ -13,7 +13,7 @@ mod rules;
 mod undo;
 
 use cni_bridge::gateway::{apply_gateways, Gateways};
-use cni_bridge::{families_to_clean, NetConf};
+use cni_bridge::{families_to_clean, spoofchk, NetConf};
 use cni_kernel::netlink::Netlink;
 use cni_kernel::Netns;
 use cni_protocol::invoke::delegate;
@@ -61,6 +61,9 @@ impl Plugin for Bridge {
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
         let conf = load(req)?;
         conf.check_for_add()?;
+        if conf.mac_spoof_check {
+            spoofchk::check_names_fit(&req.env.container_id, &req.env.ifname)?;
+        }
         let pod_ns = Netns::open(&req.env.netns)?;
         thread::scope(|s| {
             // IPAM allocates while the links are made.

@@ -200,3 +200,34 @@ fn del_cleans_up_after_the_config_became_invalid() {
     assert!(!nft_leftovers(&node, "edited"));
     assert!(pod.link("eth0").is_none());
 }
+
+#[test]
+fn a_long_container_id_is_added_and_deleted_but_cannot_have_macspoofchk() {
+    let long = "a".repeat(1000);
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let pod = TestNs::new("bp");
+        let conf = node.conf(
+            "1.0.0",
+            json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": backend}),
+        );
+        node.add(&pod, &long, &conf).ok();
+        assert_eq!(common::addrs(&pod, "eth0").len(), 1, "{backend}");
+        assert_eq!(node.reserved().len(), 1, "{backend}");
+        for _ in 0..2 {
+            node.del(Some(&pod), &long, &conf).ok();
+            node.assert_clean();
+            assert!(!nft_leftovers(&node, &long), "{backend}");
+        }
+    }
+    // macspoofchk's nftables comments carry the ID: refused before anything is made.
+    let node = Node::new();
+    let pod = TestNs::new("bp");
+    let conf = masq_conf(&node, "iptables");
+    let e = node.add(&pod, &long, &conf).err(7);
+    assert!(e["msg"].as_str().unwrap().contains("macspoofchk"), "{e}");
+    assert!(pod.link("eth0").is_none());
+    node.assert_clean();
+    node.del(Some(&pod), &long, &conf).ok();
+    node.assert_clean();
+}
