@@ -251,7 +251,7 @@ pub fn nft_add(network: &str, ifname: &str, container_id: &str, addrs: &[IpNetwo
     s
 }
 
-/// The JSON of `nft -j <args>` (`args` as run, for the message); empty output (a table or
+/// The JSON of `nft -j list <args>` (`args` as run, for the message); empty output (a table or
 /// chain that does not exist) is null. Output that is not JSON is code 5, since reading it as
 /// "no rules" would leave the rules in place.
 pub fn parse_nft_listing(args: &[&str], output: &str) -> Result<Value, CniError> {
@@ -260,7 +260,7 @@ pub fn parse_nft_listing(args: &[&str], output: &str) -> Result<Value, CniError>
     }
     serde_json::from_str(output).map_err(|e| {
         CniError::io(format!(
-            "nft -j {}: the output is not JSON: {e}",
+            "nft -j list {}: the output is not JSON: {e}",
             args.join(" ")
         ))
     })
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn an_nft_listing_that_is_not_json_is_code_5_naming_the_command() {
-        let args = ["list", "chain", "inet", NFT_TABLE, NFT_CHAIN];
+        let args = ["chain", "inet", NFT_TABLE, NFT_CHAIN];
         assert_eq!(parse_nft_listing(&args, "").unwrap(), Value::Null);
         assert_eq!(
             parse_nft_listing(&args, "{\"nftables\": []}").unwrap()["nftables"],

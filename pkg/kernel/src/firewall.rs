@@ -1,11 +1,13 @@
-//! Firewall rules, written in one batch per operation: one `iptables-restore --noflush`
-//! or one `nft -f` transaction, so that an ADD or DEL pays the nf_tables commit once.
+//! Firewall rules through one trait, [`RuleTool`], with an iptables and an nftables backend.
+//! Each operation writes one batch per tool (one `iptables-restore --noflush` document or one
+//! `nft -f` transaction), so that an ADD or DEL pays the nf_tables commit once; removal reads
+//! the current rules first so that it deletes exactly what is there, whoever wrote it.
 
 use crate::error::Error;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,56 +111,102 @@ fn run_with_input(program: &str, args: &[&str], input: &str) -> Result<String, E
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Applies an `iptables-restore` document without flushing what is not in it.
-/// `-w` waits for the xtables lock that other writers hold.
-pub fn iptables_restore(family: Family, document: &str) -> Result<(), Error> {
-    run_with_input(family.restore_cmd(), &["--noflush", "-w", "5"], document).map(|_| ())
+/// A rule tool, the one way the suite writes firewall rules: read what is there, decide the
+/// text (pure code elsewhere), write it as one batch, so that an operation pays the tool's
+/// start and the kernel's commit once.
+pub trait RuleTool: Sync {
+    /// The tool's program, for messages.
+    fn program(&self) -> &'static str;
+    /// The current rules of `scope` (iptables: `[table]`; nftables: the arguments of
+    /// `nft -j list`), or None when that table or chain does not exist.
+    fn list(&self, scope: &[&str]) -> Result<Option<String>, Error>;
+    /// Applies one batch as one transaction.
+    fn apply(&self, batch: &str) -> Result<(), Error>;
+    /// The tool started before its batch is known, so that its start-up overlaps other work.
+    fn prime(&self) -> Result<Primed, Error>;
+
+    /// Applies the batch through `primed` (this tool, already started) when there is one.
+    fn apply_with(&self, primed: Option<Primed>, batch: &str) -> Result<(), Error> {
+        match primed {
+            Some(p) => p.apply(batch),
+            None => self.apply(batch),
+        }
+    }
 }
 
-/// The current rules of one table, in `iptables-save` format.
-pub fn iptables_save(family: Family, table: &str) -> Result<String, Error> {
-    let out = Command::new(family.save_cmd())
-        .args(["-t", table])
-        .output()
-        .map_err(|e| Error::io("running", family.save_cmd(), &e))?;
-    if !out.status.success() {
-        return Err(Error::failed(
+/// `iptables-restore --noflush` (or ip6tables-) of one family; `-w` waits for the xtables lock
+/// that other writers hold.
+pub struct Iptables(pub Family);
+
+/// `nft -f`: both families in one transaction.
+pub struct Nftables;
+
+const RESTORE_ARGS: &[&str] = &["--noflush", "-w", "5"];
+
+impl RuleTool for Iptables {
+    fn program(&self) -> &'static str {
+        self.0.restore_cmd()
+    }
+
+    fn list(&self, scope: &[&str]) -> Result<Option<String>, Error> {
+        let table = scope.first().copied().unwrap_or("filter");
+        let save = self.0.save_cmd();
+        let out = Command::new(save)
+            .args(["-t", table])
+            .output()
+            .map_err(|e| Error::io("running", save, &e))?;
+        if !out.status.success() {
+            return Err(Error::failed(
+                "running",
+                format!("{save} -t {table}"),
+                format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+            ));
+        }
+        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    fn apply(&self, batch: &str) -> Result<(), Error> {
+        run_with_input(self.0.restore_cmd(), RESTORE_ARGS, batch).map(|_| ())
+    }
+
+    fn prime(&self) -> Result<Primed, Error> {
+        Primed::start(self.0.restore_cmd(), RESTORE_ARGS)
+    }
+}
+
+impl RuleTool for Nftables {
+    fn program(&self) -> &'static str {
+        "nft"
+    }
+
+    fn list(&self, scope: &[&str]) -> Result<Option<String>, Error> {
+        let mut args = vec!["-j", "list"];
+        args.extend_from_slice(scope);
+        let out = Command::new("nft")
+            .args(&args)
+            .output()
+            .map_err(|e| Error::io("running", "nft", &e))?;
+        if out.status.success() {
+            return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("No such file or directory") {
+            return Ok(None);
+        }
+        Err(Error::failed(
             "running",
-            format!("{} -t {table}", family.save_cmd()),
-            format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
-        ));
+            format!("nft {}", args.join(" ")),
+            format!("failed: {}", stderr.trim()),
+        ))
     }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
-/// Applies an nftables script as one transaction.
-pub fn nft_apply(script: &str) -> Result<(), Error> {
-    run_with_input("nft", &["-f", "-"], script).map(|_| ())
-}
-
-/// `nft` with arguments, returning its stdout (e.g. `-j list table inet cni_plugins_masquerade`).
-pub fn nft_query(args: &[&str]) -> Result<String, Error> {
-    run_with_input("nft", args, "")
-}
-
-/// `nft -j list table <family> <name>`: the table as JSON, or None when it does not exist.
-pub fn nft_list_table(family: &str, name: &str) -> Result<Option<String>, Error> {
-    let out = Command::new("nft")
-        .args(["-j", "list", "table", family, name])
-        .output()
-        .map_err(|e| Error::io("running", "nft", &e))?;
-    if out.status.success() {
-        return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
+    fn apply(&self, batch: &str) -> Result<(), Error> {
+        run_with_input("nft", &["-f", "-"], batch).map(|_| ())
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if stderr.contains("No such file or directory") {
-        return Ok(None);
+
+    fn prime(&self) -> Result<Primed, Error> {
+        Primed::start("nft", &["-f", "-"])
     }
-    Err(Error::failed(
-        "running",
-        format!("nft -j list table {family} {name}"),
-        format!("failed: {}", stderr.trim()),
-    ))
 }
 
 /// Where plugin runs that read rules and then write rules based on them take turns.
@@ -185,6 +233,206 @@ pub fn with_rules_lock<T, E>(f: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     let out = f();
     drop(lock);
     out
+}
+
+/// A rule tool started before its input is known, so that its start-up (loading its
+/// libraries) overlaps other work.
+pub struct Primed {
+    program: &'static str,
+    child: Option<Child>,
+}
+
+impl Primed {
+    fn start(program: &'static str, args: &[&str]) -> Result<Primed, Error> {
+        // Found once here, so that the child does not try every PATH entry in turn.
+        let path = find_tool(program)
+            .ok_or_else(|| Error::failed("finding", program, "it is not on PATH"))?;
+        let child = Command::new(path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::io("running", program, &e))?;
+        Ok(Primed {
+            program,
+            child: Some(child),
+        })
+    }
+
+    /// Gives the tool the start of its input, which it reads (loading what that needs) while
+    /// the rest is not known yet.
+    pub fn feed(&mut self, part: &str) -> Result<(), Error> {
+        let program = self.program;
+        match self.child.as_mut().and_then(|c| c.stdin.as_mut()) {
+            Some(stdin) => stdin
+                .write_all(part.as_bytes())
+                .map_err(|e| Error::io("writing to", program, &e)),
+            None => Err(Error::failed("writing to", program, "it is not running")),
+        }
+    }
+
+    /// Hands the tool the rest of its input and waits for it to apply the whole.
+    pub fn apply(mut self, input: &str) -> Result<(), Error> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let program = self.program;
+        // A tool that failed on the start of its input has gone: its own message says why.
+        let written = child
+            .stdin
+            .take()
+            .map(|mut stdin| stdin.write_all(input.as_bytes()))
+            .unwrap_or(Ok(()));
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Error::io("waiting for", program, &e))?;
+        if !out.status.success() {
+            return Err(Error::failed(
+                "running",
+                program,
+                format!(
+                    "failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )
+            .with_input(input));
+        }
+        written.map_err(|e| Error::io("writing to", program, &e))
+    }
+}
+
+/// Dropped unused, the tool reads the end of its input: with nothing fed it exits idle; with a
+/// fed start but no COMMIT, iptables-restore exits without committing anything.
+impl Drop for Primed {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the jobs side by side and returns the first error.
+pub fn run_side_by_side<F, E>(jobs: Vec<F>) -> Result<(), E>
+where
+    F: FnOnce() -> Result<(), E> + Send,
+    E: From<Error> + Send,
+{
+    if jobs.len() <= 1 {
+        return jobs.into_iter().try_for_each(|j| j());
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(j)).collect();
+        let mut first = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(Error::failed("running", "a rule batch", "its thread panicked").into())
+            });
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
+}
+
+/// Times a removal is retried when another writer changed the rules between read and write.
+const ATTEMPTS: usize = 3;
+
+/// Removes rules of `table` in each of `families`, side by side, chosen from its current
+/// content: `plan` reads the `iptables-save -t <table>` text of a family and returns the
+/// document that deletes them (None: nothing). A family whose rules cannot be read (its
+/// iptables unusable) holds none to remove: warned on stderr, an error only when every family
+/// is unreadable.
+pub fn iptables_remove(
+    families: &[Family],
+    table: &str,
+    plan: impl Fn(Family, &str) -> Option<String> + Sync,
+) -> Result<(), Error> {
+    let unreadable = Mutex::new(Vec::new());
+    let (plan, unreadable_ref) = (&plan, &unreadable);
+    let jobs = families
+        .iter()
+        .map(|&family| {
+            move || match remove_in(family, table, |saved| plan(family, saved)) {
+                Err(Removal::Unreadable(e)) => {
+                    unreadable_ref
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(e);
+                    Ok(())
+                }
+                Err(Removal::Failed(e)) => Err(e),
+                Ok(()) => Ok(()),
+            }
+        })
+        .collect();
+    run_side_by_side(jobs)?;
+    let mut unreadable = unreadable.into_inner().unwrap_or_else(|e| e.into_inner());
+    if !unreadable.is_empty() && unreadable.len() == families.len() {
+        return Err(unreadable
+            .swap_remove(0)
+            .context("no iptables family is usable to remove the rules"));
+    }
+    for e in unreadable {
+        eprintln!("warning: taking no rules to remove there: {e}");
+    }
+    Ok(())
+}
+
+enum Removal {
+    /// `iptables-save` failed before anything was written.
+    Unreadable(Error),
+    Failed(Error),
+}
+
+fn remove_in(
+    family: Family,
+    table: &str,
+    plan: impl Fn(&str) -> Option<String>,
+) -> Result<(), Removal> {
+    let mut last = Ok(());
+    for _ in 0..ATTEMPTS {
+        let saved = match Iptables(family).list(&[table]) {
+            Ok(saved) => saved.unwrap_or_default(),
+            // After a failed write, that failure is the one to report.
+            Err(e) => return Err(last.err().map_or(Removal::Unreadable(e), Removal::Failed)),
+        };
+        let Some(doc) = plan(&saved) else {
+            return Ok(());
+        };
+        last = Iptables(family).apply(&doc);
+        if last.is_ok() {
+            return Ok(());
+        }
+    }
+    last.map_err(Removal::Failed)
+}
+
+/// Removes nftables rules chosen from listings: each of `lists` is the arguments of one
+/// `nft -j list` after `list` (an absent table or chain reads as an empty string); `plan` returns the
+/// transaction that deletes them (None: nothing), or why it cannot read the listings.
+pub fn nft_remove<E: From<Error>>(
+    lists: &[&[&str]],
+    plan: impl Fn(&[String]) -> Result<Option<String>, E>,
+) -> Result<(), E> {
+    let mut last = Ok(());
+    for _ in 0..ATTEMPTS {
+        let listings = lists
+            .iter()
+            .map(|args| Nftables.list(args).map(Option::unwrap_or_default))
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(script) = plan(&listings)? else {
+            return Ok(());
+        };
+        last = Nftables.apply(&script);
+        if last.is_ok() {
+            return Ok(());
+        }
+    }
+    last.map_err(E::from)
 }
 
 #[cfg(test)]

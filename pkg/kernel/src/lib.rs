@@ -4,7 +4,6 @@
 pub mod conntrack;
 pub mod error;
 pub mod firewall;
-pub mod ipmasq;
 pub mod netlink;
 pub mod netns;
 pub mod procsys;

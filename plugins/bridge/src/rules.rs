@@ -2,8 +2,7 @@
 //! one batch per tool per operation.
 
 use cni_bridge::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
-use cni_kernel::firewall::{self, Family};
-use cni_kernel::ipmasq::{self, Batch, Primed};
+use cni_kernel::firewall::{self, Family, Iptables, Nftables, Primed, RuleTool};
 use cni_protocol::{Attachment, CniError, Env};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
@@ -35,14 +34,14 @@ impl<'a> Writers<'a> {
         let masq = conf.ip_masq && conf.is_layer3();
         let iptables_v4 = (masq && backend == MasqBackend::Iptables)
             .then(|| {
-                let mut p = Primed::iptables(Family::V4).ok()?;
+                let mut p = Iptables(Family::V4).prime().ok()?;
                 let head = masq::iptables_add_head(&conf.name, &env.container_id, IpFamily::V4);
                 p.feed(&head).ok()?;
                 Some(p)
             })
             .flatten();
         let nft = ((masq && backend == MasqBackend::Nftables) || conf.mac_spoof_check)
-            .then(|| Primed::nft().ok())
+            .then(|| Nftables.prime().ok())
             .flatten();
         Writers {
             env,
@@ -76,8 +75,8 @@ impl<'a> Writers<'a> {
                                 let mut doc =
                                     masq::iptables_add_head(&conf.name, &env.container_id, f);
                                 doc.push_str(&tail);
-                                let batch = Batch::Iptables(family(f), doc);
-                                jobs.push(Box::new(move || Ok(batch.apply()?)));
+                                let tool = Iptables(family(f));
+                                jobs.push(Box::new(move || Ok(tool.apply(&doc)?)));
                             }
                         }
                     }
@@ -95,13 +94,12 @@ impl<'a> Writers<'a> {
             nft.push_str(&spoofchk::setup_script(host_veth, &mac, &id));
         }
         if !nft.is_empty() {
-            let batch = Batch::Nft(nft);
             let primed = self.nft.take();
-            jobs.push(Box::new(move || Ok(batch.apply_with(primed)?)));
+            jobs.push(Box::new(move || Ok(Nftables.apply_with(primed, &nft)?)));
         }
         // What was started and is not needed ends here, having committed nothing.
         drop(self);
-        ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
+        firewall::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
     }
 }
 
@@ -151,7 +149,7 @@ pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), Cn
     if conf.ip_masq && firewall::has_iptables() && !families.is_empty() {
         let families: Vec<Family> = families.iter().map(|f| family(*f)).collect();
         jobs.push(Box::new(move || {
-            Ok(ipmasq::iptables_remove(&families, "nat", |_, saved| {
+            Ok(firewall::iptables_remove(&families, "nat", |_, saved| {
                 masq::iptables_remove(saved, &conf.name, &env.container_id)
             })?)
         }));
@@ -163,18 +161,18 @@ pub fn remove(env: &Env, conf: &NetConf, families: &[IpFamily]) -> Result<(), Cn
             remove_nft(env, conf, want_masq, want_spoof)
         }));
     }
-    ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
+    firewall::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
 }
 
-const MASQ_CHAIN: &[&str] = &["list", "chain", "inet", masq::NFT_TABLE, masq::NFT_CHAIN];
-const SPOOF_TABLE: &[&str] = &["list", "table", "bridge", "nat"];
+const MASQ_CHAIN: &[&str] = &["chain", "inet", masq::NFT_TABLE, masq::NFT_CHAIN];
+const SPOOF_TABLE: &[&str] = &["table", "bridge", "nat"];
 
 fn remove_nft(env: &Env, conf: &NetConf, masq_rules: bool, spoof: bool) -> Result<(), CniError> {
     let lists: Vec<&[&str]> = [(masq_rules, MASQ_CHAIN), (spoof, SPOOF_TABLE)]
         .into_iter()
         .filter_map(|(on, l)| on.then_some(l))
         .collect();
-    ipmasq::nft_remove(&lists, |listings| {
+    firewall::nft_remove(&lists, |listings| {
         let parsed = lists
             .iter()
             .zip(listings)
@@ -212,7 +210,7 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
     let mut jobs: Vec<Box<dyn FnOnce() -> Result<(), CniError> + Send + '_>> = Vec::new();
     if firewall::has_iptables() {
         jobs.push(Box::new(move || {
-            Ok(ipmasq::iptables_remove(
+            Ok(firewall::iptables_remove(
                 &[Family::V4, Family::V6],
                 "nat",
                 |_, saved| {
@@ -228,11 +226,11 @@ pub fn collect_garbage(conf: &NetConf, keep: &[Attachment]) -> Result<(), CniErr
     }
     if firewall::has_nft() {
         jobs.push(Box::new(move || {
-            ipmasq::nft_remove(&[MASQ_CHAIN], |listings| {
+            firewall::nft_remove(&[MASQ_CHAIN], |listings| {
                 let listing = masq::parse_nft_listing(MASQ_CHAIN, &listings[0])?;
                 Ok(masq::nft_gc(&listing, &conf.name, pairs))
             })
         }));
     }
-    ipmasq::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
+    firewall::run_side_by_side(jobs.into_iter().map(|j| move || j()).collect())
 }

@@ -2,7 +2,7 @@
 //! cni-portmap write the text, and applies it in one batch (one `iptables-restore` per family,
 //! one `nft` transaction).
 
-use cni_kernel::firewall::{self, Family};
+use cni_kernel::firewall::{self, Family, RuleTool};
 use cni_portmap::nftables::{self, ListedRule};
 use cni_portmap::{iptables, Backend, Config, ContainerAddrs};
 use cni_protocol::CniError;
@@ -74,9 +74,8 @@ struct Iptables;
 
 impl Iptables {
     fn nat_table(family: Family) -> Result<iptables::NatTable, CniError> {
-        Ok(iptables::NatTable::parse(&firewall::iptables_save(
-            family, "nat",
-        )?))
+        let save = firewall::Iptables(family).list(&["nat"])?;
+        Ok(iptables::NatTable::parse(&save.unwrap_or_default()))
     }
 }
 
@@ -91,7 +90,7 @@ impl Rules for Iptables {
             for addr in addrs.iter() {
                 let current = Self::nat_table(family(addr))?;
                 let doc = iptables::add_document(conf, container_id, addr, &current);
-                firewall::iptables_restore(family(addr), &doc)?;
+                firewall::Iptables(family(addr)).apply(&doc)?;
             }
             Ok(())
         });
@@ -117,7 +116,7 @@ impl Rules for Iptables {
                     }
                 };
                 if let Some(doc) = iptables::del_document(network, container_id, &current) {
-                    firewall::iptables_restore(fam, &doc)?;
+                    firewall::Iptables(fam).apply(&doc)?;
                 }
             }
             match unusable.len() {
@@ -147,7 +146,7 @@ struct Nftables;
 
 impl Nftables {
     fn rules(family: &str) -> Result<Vec<ListedRule>, CniError> {
-        match firewall::nft_list_table(family, nftables::TABLE)? {
+        match firewall::Nftables.list(&["table", family, nftables::TABLE])? {
             Some(json) => nftables::parse_listing(&json),
             None => Ok(Vec::new()),
         }
@@ -170,7 +169,7 @@ impl Rules for Nftables {
             if script.is_empty() {
                 return Ok(());
             }
-            Ok(firewall::nft_apply(&script)?)
+            Ok(firewall::Nftables.apply(&script)?)
         })
     }
 
@@ -179,7 +178,7 @@ impl Rules for Nftables {
             let mut listed = Self::rules("ip")?;
             listed.extend(Self::rules("ip6")?);
             match nftables::del_script(container_id, &listed) {
-                Some(script) => Ok(firewall::nft_apply(&script)?),
+                Some(script) => Ok(firewall::Nftables.apply(&script)?),
                 None => Ok(()),
             }
         })
