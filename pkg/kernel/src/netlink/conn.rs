@@ -590,6 +590,18 @@ impl Conn {
         Ok(out)
     }
 
+    /// The route the kernel would send a packet to `ip` by, as `ip route get` asks it (rules
+    /// and every table considered); None when `ip` is unreachable or local.
+    pub async fn route_get(&self, ip: IpAddr) -> Result<Option<Route>> {
+        let msg = RouteNetlinkMessage::GetRoute(parse::route_query(ip));
+        let absent = [Errno::ENETUNREACH, Errno::EHOSTUNREACH, Errno::ESRCH];
+        match self.get(msg, &absent).await {
+            Ok(Some(RouteNetlinkMessage::NewRoute(r))) => Ok(parse::route(&r)),
+            Ok(_) => Ok(None),
+            Err(f) => Err(f.into_error("looking up the route to", ip)),
+        }
+    }
+
     /// Creates a route; false when one to the same destination is already in its table.
     pub async fn create_route(&self, route: &Route) -> Result<bool> {
         let msg = parse::route_message(route, RouteProtocol::Boot);

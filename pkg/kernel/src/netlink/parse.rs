@@ -126,6 +126,16 @@ fn route_address(ip: IpAddr) -> RouteAddress {
     }
 }
 
+/// The question `ip route get <ip>` asks: which route the kernel would send a packet by.
+pub(super) fn route_query(ip: IpAddr) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family_of(ip);
+    m.header.destination_prefix_length = if ip.is_ipv4() { 32 } else { 128 };
+    m.attributes
+        .push(RouteAttribute::Destination(route_address(ip)));
+    m
+}
+
 /// A unicast route of any table; None for what this module does not model (multicast, local,
 /// broadcast, routes of other families).
 pub(super) fn route(r: &RouteMessage) -> Option<Route> {

@@ -147,6 +147,8 @@ blocking! {
     fn routes(&self) -> Vec<Route>;
     /// The unicast routes of `table`, both families.
     fn table_routes(&self, table: u32) -> Vec<Route>;
+    /// The route a packet to `ip` would take; None when unreachable or local.
+    fn route_get(&self, ip: IpAddr) -> Option<Route>;
     /// Creates a route; false when its destination is already routed in its table.
     fn create_route(&self, route: &Route) -> bool;
     /// Sets one route, replacing any other to the same destination; true when it changed.
