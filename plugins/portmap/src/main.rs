@@ -4,9 +4,10 @@
 
 mod backend;
 
-use cni_kernel::{conntrack, procsys};
+use cni_kernel::{conntrack, procsys, Netlink};
 use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
 use cni_protocol::{CniError, CniResult, Plugin, Request};
+use std::net::IpAddr;
 
 struct Portmap;
 
@@ -14,11 +15,29 @@ fn load_config(req: &Request) -> Result<Config, CniError> {
     Config::parse(&req.config, &req.name, backend::default_backend)
 }
 
+/// The host interface the container is reached through: the one prevResult names, else the
+/// one the route to its address leaves by (0.1.0 and 0.2.0 results name no interface, nor do
+/// some plugins' later ones). A failed lookup only costs localhost hairpin: logged, as Go ignores it.
+fn host_side_interface(prev: &CniResult, container: IpAddr) -> Option<String> {
+    if let Some(dev) = host_interface(prev) {
+        return Some(dev.to_string());
+    }
+    let routed =
+        Netlink::open().and_then(|nl| match nl.route_get(container)?.and_then(|r| r.oif) {
+            Some(oif) => Ok(nl.link_by_index(oif)?.map(|l| l.name)),
+            None => Ok(None),
+        });
+    routed.unwrap_or_else(|e| {
+        eprintln!("finding the host interface that routes to {container}: {e}");
+        None
+    })
+}
+
 /// Lets packets from 127.0.0.1, DNATed towards the container, be routed out of `dev`.
 fn allow_localhost_sources(dev: &str) -> Result<(), CniError> {
     procsys::set(procsys::Proto::Ipv4, dev, "route_localnet", "1").map_err(|e| {
         CniError::from(e).context(format!(
-            "enabling route_localnet on {dev:?}, prevResult's host interface"
+            "enabling route_localnet on {dev:?}, the host interface the container is reached through"
         ))
     })
 }
@@ -57,9 +76,9 @@ impl Plugin for Portmap {
         }
         let addrs = ContainerAddrs::from_result(&prev, &req.env.ifname);
         conf.check_families(&addrs)?;
-        if conf.snat && addrs.v4.is_some() {
-            if let Some(dev) = host_interface(&prev) {
-                allow_localhost_sources(dev)?;
+        if let Some(v4) = addrs.v4.filter(|_| conf.snat) {
+            if let Some(dev) = host_side_interface(&prev, v4.ip()) {
+                allow_localhost_sources(&dev)?;
             }
         }
         backend::of(&conf).forward(&conf, &req.env.container_id, &addrs)?;

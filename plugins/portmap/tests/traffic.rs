@@ -103,3 +103,44 @@ fn iptables_forwards_both_families_from_everywhere_until_del() {
 fn nftables_forwards_both_families_from_everywhere_until_del() {
     round_trip("nftables");
 }
+
+/// `result` as a plugin of `version` without `interfaces` prints it: 0.1.0 and 0.2.0 have no
+/// such field, and a later result need not name the host side.
+fn without_interfaces(result: &serde_json::Value, version: &str) -> serde_json::Value {
+    let ip = &result["ips"][0];
+    if version < "0.3.0" {
+        json!({"cniVersion": version, "ip4": {"ip": ip["address"], "gateway": ip["gateway"]}})
+    } else {
+        json!({"cniVersion": version, "ips": [{"address": ip["address"], "gateway": ip["gateway"]}]})
+    }
+}
+
+#[test]
+fn localhost_reaches_the_pod_when_the_result_names_no_host_interface() {
+    for version in ["0.1.0", "0.2.0", "1.0.0"] {
+        let node = Node::new();
+        let mut pod = node.pod(false);
+        pod.serve();
+        let prev = without_interfaces(&pod.result, version);
+        let add = portmap_config(version, json!({}), web_and_dns(), Some(&prev));
+        node.portmap("ADD", &pod, &add).ok();
+        assert_eq!(
+            node.host
+                .sysctl(&format!("net.ipv4.conf.{}.route_localnet", node.bridge)),
+            "1",
+            "{version}: route_localnet on the bridge the route to the pod leaves by"
+        );
+        for (proto, port) in [(Proto::Tcp, HTTP), (Proto::Udp, DNS)] {
+            assert!(
+                reaches(&node.host, proto, "127.0.0.1", port),
+                "{version}: {proto:?} from the host to 127.0.0.1:{port}"
+            );
+        }
+        let del = portmap_config(version, json!({}), web_and_dns(), None);
+        node.portmap("DEL", &pod, &del).ok();
+        assert!(
+            !reaches(&node.host, Proto::Tcp, "127.0.0.1", HTTP),
+            "{version}: after DEL"
+        );
+    }
+}
