@@ -1,9 +1,11 @@
 //! The bridge plugin's decisions, pure and unit-tested: the config with the Go plugin's
 //! defaults and checks, the gateways, the masquerade and MAC spoof-check rule text with the
-//! Go plugin's names, and CHECK's comparisons. The plugin binary applies them to the kernel.
+//! Go plugin's names, and CHECK's comparisons. `effects` applies them to the kernel (through
+//! cni-kernel) for the plugin binary, whose main.rs tells the verbs' story over it.
 
 pub mod check;
 pub mod config;
+pub mod effects;
 pub mod gateway;
 pub mod masq;
 pub mod spoofchk;

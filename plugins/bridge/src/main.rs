@@ -5,25 +5,19 @@
 //! the pod and the bridge get their addresses, and on DEL the IPAM release and the rule
 //! removal while the veth is deleted.
 
-mod check;
-mod ipam;
-mod links;
-mod pod;
-mod rules;
-mod undo;
-
+use cni_bridge::effects::ipam::Ipam;
+use cni_bridge::effects::links::LinkRef;
+use cni_bridge::effects::undo::Undo;
+use cni_bridge::effects::{check, links, pod, rules};
 use cni_bridge::gateway::{apply_gateways, Gateways};
 use cni_bridge::{families_to_clean, spoofchk, NetConf};
 use cni_kernel::netlink::Netlink;
 use cni_kernel::Netns;
 use cni_protocol::invoke::delegate;
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
-use ipam::Ipam;
 use ipnetwork::IpNetwork;
-use links::LinkRef;
 use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::Duration;
-use undo::Undo;
 
 /// How long ADD waits for the host end of the veth to come up on the bridge.
 const PORT_UP_TIMEOUT: Duration = Duration::from_millis(2500);

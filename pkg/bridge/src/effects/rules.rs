@@ -1,7 +1,7 @@
 //! The attachment's firewall rules: masquerade (iptables or nftables) and MAC spoof-check,
 //! one batch per tool per operation.
 
-use cni_bridge::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
+use crate::{masq, spoofchk, IpFamily, MasqBackend, NetConf};
 use cni_kernel::firewall::{self, Family, Iptables, Nftables, Primed, RuleTool};
 use cni_protocol::{Attachment, CniError, Env};
 use ipnetwork::IpNetwork;

@@ -1,8 +1,8 @@
 //! CHECK: the previous result's interfaces, addresses and routes are still what the kernel has.
 
-use cni_bridge::check::{check_addresses, check_routes, RouteEntry};
-use cni_bridge::config::format_mac;
-use cni_bridge::NetConf;
+use crate::check::{check_addresses, check_routes, RouteEntry};
+use crate::config::format_mac;
+use crate::NetConf;
 use cni_kernel::netlink::{Link, Netlink};
 use cni_kernel::Netns;
 use cni_protocol::{CniError, CniResult, Interface, Request};

@@ -1,6 +1,6 @@
 //! The IPAM plugin, run in a thread of its own so that it allocates while the links are made.
 
-use cni_bridge::NetConf;
+use crate::NetConf;
 use cni_protocol::invoke::{delegate, delegate_add};
 use cni_protocol::{CniError, CniResult, Command, Request};
 use std::thread::{Scope, ScopedJoinHandle};

@@ -1,8 +1,8 @@
 //! What a failing ADD has made so far, undone in reverse: rules, veth, address.
 
-use crate::ipam::Ipam;
-use crate::rules;
-use cni_bridge::{IpFamily, NetConf};
+use super::ipam::Ipam;
+use super::rules;
+use crate::{IpFamily, NetConf};
 use cni_kernel::netlink::Netlink;
 use cni_protocol::Request;
 

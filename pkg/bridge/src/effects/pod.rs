@@ -1,7 +1,7 @@
 //! The pod side: the container interface's sysctls, state, addresses and routes.
 
-use crate::links::LinkRef;
-use cni_bridge::NetConf;
+use super::links::LinkRef;
+use crate::NetConf;
 use cni_kernel::netlink::Netlink;
 use cni_kernel::procsys::{self, Proto};
 use cni_kernel::Netns;

@@ -1,7 +1,7 @@
 //! The host side: the bridge, the veth pair, the port's flags and VLANs, the gateway addresses.
 
-use cni_bridge::gateway::{plan_bridge_address, AddressPlan, Gateways};
-use cni_bridge::{host_veth_name, local_mac, NetConf};
+use crate::gateway::{plan_bridge_address, AddressPlan, Gateways};
+use crate::{host_veth_name, local_mac, NetConf};
 use cni_kernel::netlink::{BridgeSpec, Link, Netlink, VethSpec};
 use cni_kernel::procsys::{self, Proto};
 use cni_kernel::{sysctl, Netns};
@@ -28,7 +28,7 @@ impl LinkRef {
     pub fn interface(&self, sandbox: &str) -> Interface {
         Interface {
             name: self.name.clone(),
-            mac: cni_bridge::config::format_mac(&self.mac),
+            mac: crate::config::format_mac(&self.mac),
             sandbox: sandbox.to_string(),
             ..Default::default()
         }
