@@ -4,6 +4,7 @@ use crate::ip::{canonical, from_int, next, to_int};
 use cni_protocol::CniError;
 use ipnetwork::IpNetwork;
 use serde::Deserialize;
+use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
 
@@ -259,6 +260,26 @@ impl RangeSet {
     pub fn is_ipv4(&self) -> bool {
         self.ranges[0].is_ipv4()
     }
+
+    /// How many addresses the set hands out: those of its ranges, less each range's gateway.
+    pub fn capacity(&self) -> u128 {
+        self.ranges.iter().fold(0u128, |n, r| {
+            let span = (to_int(r.end) - to_int(r.start)).saturating_add(1);
+            n.saturating_add(span - u128::from(r.contains(r.gateway)))
+        })
+    }
+
+    /// Whether the network's reserved addresses (`taken`) leave none of the set's free.
+    pub fn is_exhausted(&self, taken: &HashSet<IpAddr>) -> bool {
+        let used = taken
+            .iter()
+            .filter(|ip| {
+                self.range_for(**ip)
+                    .is_some_and(|r| r.gateway != canonical(**ip))
+            })
+            .count();
+        used as u128 >= self.capacity()
+    }
 }
 
 impl fmt::Display for RangeSet {
@@ -276,6 +297,32 @@ impl fmt::Display for RangeSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn taken(ips: &[&str]) -> HashSet<IpAddr> {
+        ips.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_set_is_exhausted_when_every_address_but_the_gateways_is_taken() {
+        let small = RangeConf {
+            range_start: Some("10.0.0.1".into()),
+            range_end: Some("10.0.0.3".into()),
+            ..conf("10.0.0.0/24")
+        };
+        let set = RangeSet::from_conf(&[small, conf("10.1.0.0/30")], "ranges[0]").unwrap();
+        // 10.0.0.2-3 (.1 is the gateway) and 10.1.0.2 (.1 is the gateway).
+        assert_eq!(set.capacity(), 3);
+        let full = ["10.0.0.2", "10.0.0.3", "10.1.0.2"];
+        assert!(set.is_exhausted(&taken(&full)));
+        assert!(!set.is_exhausted(&taken(&full[..2])));
+        // Reservations outside the set, or of a gateway, leave its addresses free.
+        assert!(!set.is_exhausted(&taken(&["10.0.0.2", "10.0.0.3", "10.0.0.1", "10.2.0.2"])));
+        let v6 = RangeSet::from_conf(&[conf("fd00::/64")], "ranges[1]").unwrap();
+        assert_eq!(v6.capacity(), (1u128 << 64) - 2);
+        assert!(!v6.is_exhausted(&taken(&["fd00::2"])));
+        let huge = RangeSet::from_conf(&[conf("::/1")], "r").unwrap();
+        assert!(huge.capacity() > 1 << 120);
+    }
 
     fn conf(subnet: &str) -> RangeConf {
         RangeConf {

@@ -2,8 +2,9 @@
 //! file under `<dataDir>/<network>`, in the Go plugin's format.
 
 use cni_ipam::dns::load_resolv_conf;
-use cni_ipam::store::{check_usable, Store};
+use cni_ipam::store::{check_usable, reserved_addresses, Store};
 use cni_ipam::{allocate, IpamConfig, Key, StoreConfig};
+use cni_protocol::error::PLUGIN_NOT_AVAILABLE;
 use cni_protocol::{CniError, CniResult, Dns, Plugin, Request};
 
 struct HostLocal;
@@ -70,7 +71,28 @@ impl Plugin for HostLocal {
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let conf = IpamConfig::from_request(req)?;
-        check_usable(&conf.data_dir)
+        check_usable(&conf.data_dir)?;
+        // ADD takes one address from every range set: one exhausted set fails every ADD.
+        let taken = reserved_addresses(&conf.network_dir())?;
+        let exhausted: Vec<String> = conf
+            .rangesets
+            .iter()
+            .enumerate()
+            .filter(|(_, rs)| rs.set.is_exhausted(&taken))
+            .map(|(i, rs)| format!("range set {i} ({} = {})", rs.field, rs.set))
+            .collect();
+        if exhausted.is_empty() {
+            return Ok(());
+        }
+        Err(CniError::new(
+            PLUGIN_NOT_AVAILABLE,
+            format!(
+                "host-local: no addresses left in {} of network {:?} in {}: every address is reserved, so ADD would fail",
+                exhausted.join(", "),
+                conf.network,
+                conf.network_dir().display()
+            ),
+        ))
     }
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {

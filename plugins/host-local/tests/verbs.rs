@@ -631,3 +631,37 @@ fn a_long_container_id_is_stored_inside_the_file_as_go_does() {
     }
     net.assert_empty();
 }
+
+#[test]
+fn status_is_code_50_naming_the_exhausted_range_sets() {
+    let net = Net::new();
+    // A /30 hands out one address: .1 is the gateway, .3 the broadcast address.
+    let one = net.conf("1.1.0", json!({"ranges": [[{"subnet": "10.45.0.0/30"}]]}));
+    ours("STATUS").run(&one).ok();
+    ours("ADD").container_id("a").run(&one).ok();
+    let e = ours("STATUS").run(&one).err(50);
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("range set 0 (ipam.ranges[0] = 10.45.0.1-10.45.0.2)"),
+        "{msg}"
+    );
+    // It says what ADD would find.
+    ours("ADD").container_id("b").run(&one).err(999);
+    ours("DEL").container_id("a").run(&one).ok();
+    ours("STATUS").run(&one).ok();
+
+    // ADD needs an address from every set: one exhausted set is enough, and only it is named.
+    let dual = net.conf(
+        "1.1.0",
+        json!({"ranges": [[{"subnet": "fd45::/64"}], [{"subnet": "10.45.0.0/30"}]]}),
+    );
+    ours("ADD").container_id("c").run(&dual).ok();
+    let e = ours("STATUS").run(&dual).err(50);
+    let msg = e["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("range set 1") && !msg.contains("range set 0"),
+        "{msg}"
+    );
+    ours("DEL").container_id("c").run(&dual).ok();
+    ours("STATUS").run(&dual).ok();
+}

@@ -628,6 +628,24 @@ impl Reservations for Store {
     }
 }
 
+/// STATUS: the addresses reserved in a network directory, from the file names alone and
+/// without the lock (a reservation appears whole, by a link); none when there is no directory.
+pub fn reserved_addresses(dir: &Path) -> Result<HashSet<IpAddr>, CniError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(e) => return Err(io_err(format!("listing {}", dir.display()), e)),
+    };
+    let mut out = HashSet::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| io_err(format!("listing {}", dir.display()), e))?;
+        if let Some(ip) = entry.file_name().to_str().and_then(reservation_ip) {
+            out.insert(ip);
+        }
+    }
+    Ok(out)
+}
+
 /// STATUS: the dataDir exists as a writable directory, or can be created.
 pub fn check_usable(data_dir: &Path) -> Result<(), CniError> {
     let unavailable = |why: String| {
