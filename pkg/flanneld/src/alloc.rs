@@ -1,0 +1,352 @@
+//! Which subnet a node takes: pure, over the leases a registry listed.
+
+use crate::config::{Family, NetConfig};
+use crate::lease::{Lease, SubnetKey};
+use ipnetwork::{Ipv4Network, Ipv6Network};
+use std::collections::HashSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// How many free subnets, from SubnetMin up, the random pick chooses among (flannel's figure).
+pub const CANDIDATES: usize = 100;
+
+/// This node's public addresses, as they go into its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub public_ip: Option<Ipv4Addr>,
+    pub public_ipv6: Option<Ipv6Addr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// The node's own lease from before: renew it as it is.
+    Reuse(SubnetKey),
+    /// A subnet nobody holds: create its lease, guarded by the key not existing.
+    Create(SubnetKey),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Leases of this node that no longer fit the config: delete them first.
+    pub stale: Vec<SubnetKey>,
+    pub action: Action,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfSubnets {
+    pub family: &'static str,
+}
+
+impl std::fmt::Display for OutOfSubnets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "out of {} subnets: every subnet from SubnetMin to SubnetMax is leased",
+            self.family
+        )
+    }
+}
+
+fn fits_v4(family: &Option<Family<Ipv4Network>>, sn: Option<Ipv4Network>) -> bool {
+    match (family, sn) {
+        (None, None) => true,
+        (Some(f), Some(sn)) => {
+            sn.prefix() == f.subnet_len
+                && sn.network() >= f.subnet_min.network()
+                && sn.network() <= f.subnet_max.network()
+        }
+        _ => false,
+    }
+}
+
+fn fits_v6(family: &Option<Family<Ipv6Network>>, sn: Option<Ipv6Network>) -> bool {
+    match (family, sn) {
+        (None, None) => true,
+        (Some(f), Some(sn)) => {
+            sn.prefix() == f.subnet_len
+                && sn.network() >= f.subnet_min.network()
+                && sn.network() <= f.subnet_max.network()
+        }
+        _ => false,
+    }
+}
+
+/// Whether a lease's subnets are ones this config could hand out.
+pub fn fits(cfg: &NetConfig, key: &SubnetKey) -> bool {
+    fits_v4(&cfg.ipv4, key.ipv4) && fits_v6(&cfg.ipv6, key.ipv6)
+}
+
+/// Whether the lease was this node's: flannel matches on the public address of the first
+/// enabled family.
+fn is_mine(cfg: &NetConfig, node: &Node, lease: &Lease) -> bool {
+    if cfg.ipv4.is_some() {
+        node.public_ip.is_some() && lease.attrs.public_ip == node.public_ip
+    } else {
+        node.public_ipv6.is_some() && lease.attrs.public_ipv6 == node.public_ipv6
+    }
+}
+
+/// Up to `limit` free subnet starts from `min` to `max` by `step`.
+fn free(min: u128, max: u128, step: u128, used: &HashSet<u128>, limit: usize) -> Vec<u128> {
+    let mut out = Vec::new();
+    let mut at = min;
+    while at <= max && out.len() < limit {
+        if !used.contains(&at) {
+            out.push(at);
+        }
+        match at.checked_add(step) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    out
+}
+
+/// Decides the node's subnet: its own earlier lease if it still fits, else the subnet of the
+/// previous subnet.env if nobody holds it, else a random one among the first free ones.
+/// `pick(n)` returns an index below n.
+pub fn choose(
+    cfg: &NetConfig,
+    leases: &[Lease],
+    node: &Node,
+    previous: Option<SubnetKey>,
+    pick: &mut dyn FnMut(usize) -> usize,
+) -> Result<Plan, OutOfSubnets> {
+    let mine: Vec<&Lease> = leases.iter().filter(|l| is_mine(cfg, node, l)).collect();
+    let stale: Vec<SubnetKey> = mine
+        .iter()
+        .filter(|l| !fits(cfg, &l.key))
+        .map(|l| l.key)
+        .collect();
+    if let Some(own) = mine.iter().find(|l| fits(cfg, &l.key)) {
+        return Ok(Plan {
+            stale,
+            action: Action::Reuse(own.key),
+        });
+    }
+    let others = leases.iter().filter(|l| !stale.contains(&l.key));
+    let used4: HashSet<u128> = others
+        .clone()
+        .filter_map(|l| l.key.ipv4)
+        .map(|n| u128::from(u32::from(n.network())))
+        .collect();
+    let used6: HashSet<u128> = others
+        .filter_map(|l| l.key.ipv6)
+        .map(|n| u128::from(n.network()))
+        .collect();
+
+    if let Some(prev) = previous.filter(|p| fits(cfg, p)) {
+        let free4 = prev
+            .ipv4
+            .is_none_or(|n| !used4.contains(&u128::from(u32::from(n.network()))));
+        let free6 = prev
+            .ipv6
+            .is_none_or(|n| !used6.contains(&u128::from(n.network())));
+        if free4 && free6 {
+            return Ok(Plan {
+                stale,
+                action: Action::Create(prev),
+            });
+        }
+    }
+
+    let ipv4 = match &cfg.ipv4 {
+        None => None,
+        Some(f) => {
+            let step = 1u128 << (32 - f.subnet_len);
+            let min = u128::from(u32::from(f.subnet_min.network()));
+            let max = u128::from(u32::from(f.subnet_max.network()));
+            let cands = free(min, max, step, &used4, CANDIDATES);
+            if cands.is_empty() {
+                return Err(OutOfSubnets { family: "IPv4" });
+            }
+            let at = cands[pick(cands.len()).min(cands.len() - 1)];
+            Ipv4Network::new(Ipv4Addr::from(at as u32), f.subnet_len).ok()
+        }
+    };
+    let ipv6 = match &cfg.ipv6 {
+        None => None,
+        Some(f) => {
+            let step = 1u128 << (128 - u32::from(f.subnet_len));
+            let min = u128::from(f.subnet_min.network());
+            let max = u128::from(f.subnet_max.network());
+            let cands = free(min, max, step, &used6, CANDIDATES);
+            if cands.is_empty() {
+                return Err(OutOfSubnets { family: "IPv6" });
+            }
+            let at = cands[pick(cands.len()).min(cands.len() - 1)];
+            Ipv6Network::new(Ipv6Addr::from(at), f.subnet_len).ok()
+        }
+    };
+    Ok(Plan {
+        stale,
+        action: Action::Create(SubnetKey { ipv4, ipv6 }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::lease::LeaseAttrs;
+
+    fn cfg(text: &str) -> NetConfig {
+        config::parse(text).unwrap()
+    }
+
+    fn lease(key: &str, ip: &str) -> Lease {
+        Lease {
+            key: SubnetKey::parse(key).unwrap(),
+            attrs: LeaseAttrs {
+                public_ip: Some(ip.parse().unwrap()),
+                public_ipv6: None,
+                backend_type: "vxlan".into(),
+                backend_data: None,
+                backend_v6_data: None,
+            },
+        }
+    }
+
+    fn me() -> Node {
+        Node {
+            public_ip: Some(Ipv4Addr::new(192, 168, 0, 9)),
+            public_ipv6: None,
+        }
+    }
+
+    fn first(_: usize) -> usize {
+        0
+    }
+
+    #[test]
+    fn a_lease_carrying_this_nodes_address_is_reused() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16"}"#);
+        let leases = [
+            lease("10.5.7.0-24", "192.168.0.1"),
+            lease("10.5.9.0-24", "192.168.0.9"),
+        ];
+        let plan = choose(&c, &leases, &me(), None, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Reuse(SubnetKey::parse("10.5.9.0-24").unwrap())
+        );
+        assert!(plan.stale.is_empty());
+    }
+
+    #[test]
+    fn a_lease_of_this_node_that_no_longer_fits_is_deleted_and_replaced() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16","SubnetLen":25}"#);
+        let leases = [lease("10.5.1.0-24", "192.168.0.9")];
+        let plan = choose(&c, &leases, &me(), None, &mut first).unwrap();
+        assert_eq!(plan.stale, vec![SubnetKey::parse("10.5.1.0-24").unwrap()]);
+        // Its subnet is free again once it is deleted.
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.0.128-25").unwrap())
+        );
+    }
+
+    #[test]
+    fn the_previous_subnet_is_taken_again_when_free() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16"}"#);
+        let prev = SubnetKey::parse("10.5.77.0-24").ok();
+        let plan = choose(
+            &c,
+            &[lease("10.5.1.0-24", "192.168.0.1")],
+            &me(),
+            prev,
+            &mut first,
+        )
+        .unwrap();
+        assert_eq!(plan.action, Action::Create(prev.unwrap()));
+        // Held by someone else: a fresh one instead.
+        let plan = choose(
+            &c,
+            &[lease("10.5.77.0-24", "192.168.0.1")],
+            &me(),
+            prev,
+            &mut first,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.1.0-24").unwrap())
+        );
+        // Outside the config: ignored.
+        let prev = SubnetKey::parse("10.9.77.0-24").ok();
+        let plan = choose(&c, &[], &me(), prev, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.1.0-24").unwrap())
+        );
+    }
+
+    #[test]
+    fn a_fresh_subnet_is_picked_among_the_first_hundred_free_ones() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16"}"#);
+        let leases = [
+            lease("10.5.1.0-24", "192.168.0.1"),
+            lease("10.5.3.0-24", "192.168.0.3"),
+        ];
+        let mut seen = 0;
+        let plan = choose(&c, &leases, &me(), None, &mut |n| {
+            seen = n;
+            n - 1
+        })
+        .unwrap();
+        assert_eq!(seen, CANDIDATES);
+        // Free ones are 2, 4, 5, ... : the 100th free is 10.5.102.0.
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.102.0-24").unwrap())
+        );
+        let plan = choose(&c, &leases, &me(), None, &mut |_| 1).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.4.0-24").unwrap())
+        );
+    }
+
+    #[test]
+    fn out_of_subnets_when_every_one_is_held() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0","SubnetMax":"10.5.2.0"}"#);
+        let leases = [
+            lease("10.5.1.0-24", "192.168.0.1"),
+            lease("10.5.2.0-24", "192.168.0.2"),
+        ];
+        let e = choose(&c, &leases, &me(), None, &mut first).unwrap_err();
+        assert!(e.to_string().contains("out of IPv4 subnets"), "{e}");
+        let plan = choose(&c, &leases[..1], &me(), None, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.2.0-24").unwrap())
+        );
+    }
+
+    #[test]
+    fn dual_stack_picks_one_subnet_of_each_family() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#);
+        let node = Node {
+            public_ip: Some(Ipv4Addr::new(192, 168, 0, 9)),
+            public_ipv6: Some("fd00::9".parse().unwrap()),
+        };
+        let leases = [Lease {
+            key: SubnetKey::parse("10.5.1.0-24&fc00:0:0:1::-64").unwrap(),
+            ..lease("10.5.1.0-24", "192.168.0.1")
+        }];
+        let plan = choose(&c, &leases, &node, None, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.2.0-24&fc00:0:0:2::-64").unwrap())
+        );
+        // A v4-only lease of this node does not fit a dual-stack config.
+        let plan = choose(
+            &c,
+            &[lease("10.5.9.0-24", "192.168.0.9")],
+            &node,
+            None,
+            &mut first,
+        )
+        .unwrap();
+        assert_eq!(plan.stale.len(), 1);
+    }
+}

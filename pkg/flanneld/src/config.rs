@@ -1,0 +1,567 @@
+//! The cluster's network config (flannel's `net-conf.json` / `<prefix>/config`): decoding with
+//! Go's key matching, defaults and refusals as flannel's config check, plus SubnetMin > SubnetMax.
+
+use ipnetwork::{Ipv4Network, Ipv6Network};
+use serde_json::{Map, Value};
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// The backend every node uses when the config names none.
+pub const DEFAULT_BACKEND: &str = "vxlan";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetConfig {
+    pub ipv4: Option<Family<Ipv4Network>>,
+    pub ipv6: Option<Family<Ipv6Network>>,
+    pub enable_nftables: bool,
+    /// `Backend.Type`, lower case as flannel compares it.
+    pub backend_type: String,
+    /// The whole `Backend` object, for the backend's own keys.
+    pub backend: Value,
+}
+
+/// One address family's part of the config, defaults applied and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family<N> {
+    pub network: N,
+    pub subnet_len: u8,
+    /// The first and the last subnet handed out (network addresses).
+    pub subnet_min: N,
+    pub subnet_max: N,
+}
+
+/// A refusal: the key, the value it had, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub value: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "network config: {} {}: {}",
+            self.key, self.value, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn refuse(key: &str, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The value of `key` as Go's decoder finds it: the exact name first, then any case.
+pub fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    obj.get(key).or_else(|| {
+        obj.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v)
+    })
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ConfigError> {
+    match field(obj, key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => Err(refuse(key, v, "must be true or false")),
+    }
+}
+
+fn opt_len(obj: &Map<String, Value>, key: &str) -> Result<Option<u8>, ConfigError> {
+    match field(obj, key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(0) => Ok(None),
+            Some(n) if n <= 128 => Ok(Some(n as u8)),
+            _ => Err(refuse(key, v, "must be a prefix length")),
+        },
+    }
+}
+
+fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, ConfigError> {
+    match field(obj, key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(refuse(key, v, "must be a string")),
+    }
+}
+
+fn opt_net<N: std::str::FromStr>(
+    obj: &Map<String, Value>,
+    key: &str,
+    what: &str,
+) -> Result<Option<N>, ConfigError> {
+    opt_str(obj, key)?
+        .map(|s| {
+            if !s.contains('/') {
+                return Err(refuse(
+                    key,
+                    s,
+                    format!("must be an {what} network in CIDR form"),
+                ));
+            }
+            s.parse::<N>()
+                .map_err(|_| refuse(key, s, format!("must be an {what} network in CIDR form")))
+        })
+        .transpose()
+}
+
+fn opt_addr<A: std::str::FromStr>(
+    obj: &Map<String, Value>,
+    key: &str,
+    what: &str,
+) -> Result<Option<A>, ConfigError> {
+    opt_str(obj, key)?
+        .map(|s| {
+            s.parse::<A>()
+                .map_err(|_| refuse(key, s, format!("must be an {what} address")))
+        })
+        .transpose()
+}
+
+/// The rules one family's check follows (flannel's, per family).
+struct Limits {
+    bits: u8,
+    max_subnet_len: u8,
+    max_network_prefix: u8,
+    large_network_prefix: u8,
+    large_network_subnet_len: u8,
+}
+
+const V4: Limits = Limits {
+    bits: 32,
+    max_subnet_len: 30,
+    max_network_prefix: 28,
+    large_network_prefix: 22,
+    large_network_subnet_len: 24,
+};
+
+const V6: Limits = Limits {
+    bits: 128,
+    max_subnet_len: 126,
+    max_network_prefix: 124,
+    large_network_prefix: 62,
+    large_network_subnet_len: 64,
+};
+
+struct Keys {
+    network: &'static str,
+    subnet_len: &'static str,
+    subnet_min: &'static str,
+    subnet_max: &'static str,
+}
+
+/// Applies the defaults and checks to one family, on addresses as integers.
+fn check_family(
+    keys: &Keys,
+    limits: &Limits,
+    network: (u128, u8),
+    subnet_len: Option<u8>,
+    min: Option<u128>,
+    max: Option<u128>,
+    show: &dyn Fn(u128) -> String,
+) -> Result<(u8, u128, u128), ConfigError> {
+    let (net, prefix) = network;
+    let net_text = format!("{}/{prefix}", show(net));
+    let subnet_len = match subnet_len {
+        Some(len) => {
+            if len > limits.max_subnet_len {
+                return Err(refuse(
+                    keys.subnet_len,
+                    len,
+                    format!("must be at most {}", limits.max_subnet_len),
+                ));
+            }
+            if u16::from(len) < u16::from(prefix) + 2 {
+                return Err(refuse(
+                    keys.subnet_len,
+                    len,
+                    format!(
+                        "{} {net_text} must hold at least four subnets",
+                        keys.network
+                    ),
+                ));
+            }
+            len
+        }
+        None if prefix > limits.max_network_prefix => {
+            return Err(refuse(
+                keys.network,
+                net_text,
+                format!(
+                    "is too small: the smallest useful network is a /{}",
+                    limits.max_network_prefix
+                ),
+            ))
+        }
+        None if prefix <= limits.large_network_prefix => limits.large_network_subnet_len,
+        None => prefix + 2,
+    };
+    let size: u128 = 1u128 << (limits.bits - subnet_len);
+    let host_bits = u32::from(limits.bits - prefix);
+    let last = if host_bits >= 128 {
+        u128::MAX
+    } else {
+        net | ((1u128 << host_bits) - 1)
+    };
+    let contains = |a: u128| a >= net && a <= last;
+    let on_boundary = |a: u128| a.is_multiple_of(size);
+    let check = |key: &str, a: u128| -> Result<u128, ConfigError> {
+        if !contains(a) {
+            return Err(refuse(
+                key,
+                show(a),
+                format!("is outside {} {net_text}", keys.network),
+            ));
+        }
+        if !on_boundary(a) {
+            return Err(refuse(
+                key,
+                show(a),
+                format!("is not on a /{subnet_len} subnet boundary"),
+            ));
+        }
+        Ok(a)
+    };
+    let min = match min {
+        Some(a) => check(keys.subnet_min, a)?,
+        None => net + size,
+    };
+    let max = match max {
+        Some(a) => check(keys.subnet_max, a)?,
+        None => last - (size - 1),
+    };
+    if min > max {
+        return Err(refuse(
+            keys.subnet_min,
+            show(min),
+            format!(
+                "is above {} {}: no subnet can be handed out",
+                keys.subnet_max,
+                show(max)
+            ),
+        ));
+    }
+    Ok((subnet_len, min, max))
+}
+
+fn v4_int(a: Ipv4Addr) -> u128 {
+    u128::from(u32::from(a))
+}
+
+fn v4_from(a: u128) -> Ipv4Addr {
+    Ipv4Addr::from(a as u32)
+}
+
+/// Parses and checks the config text, applying flannel's defaults.
+pub fn parse(text: &str) -> Result<NetConfig, ConfigError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| ConfigError {
+        key: "(document)".into(),
+        value: String::new(),
+        reason: format!("is not valid JSON: {e}"),
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(refuse("(document)", "", "must be a JSON object"));
+    };
+    let enable_ipv4 = opt_bool(&obj, "EnableIPv4")?.unwrap_or(true);
+    let enable_ipv6 = opt_bool(&obj, "EnableIPv6")?.unwrap_or(false);
+    let enable_nftables = opt_bool(&obj, "EnableNFTables")?.unwrap_or(false);
+    if !enable_ipv4 && !enable_ipv6 {
+        return Err(refuse(
+            "EnableIPv4",
+            false,
+            "and EnableIPv6 is not true: at least one family must be on",
+        ));
+    }
+
+    let ipv4 = if enable_ipv4 {
+        let keys = Keys {
+            network: "Network",
+            subnet_len: "SubnetLen",
+            subnet_min: "SubnetMin",
+            subnet_max: "SubnetMax",
+        };
+        let network: Ipv4Network = opt_net(&obj, "Network", "IPv4")?
+            .ok_or_else(|| refuse("Network", "(missing)", "is required when EnableIPv4 is on"))?;
+        let network = Ipv4Network::new(network.network(), network.prefix())
+            .map_err(|e| refuse("Network", network, e.to_string()))?;
+        let min: Option<Ipv4Addr> = opt_addr(&obj, "SubnetMin", "IPv4")?;
+        let max: Option<Ipv4Addr> = opt_addr(&obj, "SubnetMax", "IPv4")?;
+        let (len, min, max) = check_family(
+            &keys,
+            &V4,
+            (v4_int(network.network()), network.prefix()),
+            opt_len(&obj, "SubnetLen")?,
+            min.map(v4_int),
+            max.map(v4_int),
+            &|a| v4_from(a).to_string(),
+        )?;
+        let subnet = |a: u128| {
+            Ipv4Network::new(v4_from(a), len).map_err(|e| refuse("SubnetLen", len, e.to_string()))
+        };
+        Some(Family {
+            network,
+            subnet_len: len,
+            subnet_min: subnet(min)?,
+            subnet_max: subnet(max)?,
+        })
+    } else {
+        None
+    };
+
+    let ipv6 = if enable_ipv6 {
+        let keys = Keys {
+            network: "IPv6Network",
+            subnet_len: "IPv6SubnetLen",
+            subnet_min: "IPv6SubnetMin",
+            subnet_max: "IPv6SubnetMax",
+        };
+        let network: Ipv6Network = opt_net(&obj, "IPv6Network", "IPv6")?.ok_or_else(|| {
+            refuse(
+                "IPv6Network",
+                "(missing)",
+                "is required when EnableIPv6 is on",
+            )
+        })?;
+        let network = Ipv6Network::new(network.network(), network.prefix())
+            .map_err(|e| refuse("IPv6Network", network, e.to_string()))?;
+        let min: Option<Ipv6Addr> = opt_addr(&obj, "IPv6SubnetMin", "IPv6")?;
+        let max: Option<Ipv6Addr> = opt_addr(&obj, "IPv6SubnetMax", "IPv6")?;
+        let (len, min, max) = check_family(
+            &keys,
+            &V6,
+            (u128::from(network.network()), network.prefix()),
+            opt_len(&obj, "IPv6SubnetLen")?,
+            min.map(u128::from),
+            max.map(u128::from),
+            &|a| Ipv6Addr::from(a).to_string(),
+        )?;
+        let subnet = |a: u128| {
+            Ipv6Network::new(Ipv6Addr::from(a), len)
+                .map_err(|e| refuse("IPv6SubnetLen", len, e.to_string()))
+        };
+        Some(Family {
+            network,
+            subnet_len: len,
+            subnet_min: subnet(min)?,
+            subnet_max: subnet(max)?,
+        })
+    } else {
+        None
+    };
+
+    let backend = match field(&obj, "Backend") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(v @ Value::Object(_)) => v.clone(),
+        Some(v) => return Err(refuse("Backend", v, "must be an object")),
+    };
+    let backend_type = match backend.as_object().and_then(|b| field(b, "Type")) {
+        None | Some(Value::Null) => DEFAULT_BACKEND.to_string(),
+        Some(Value::String(s)) if s.is_empty() => DEFAULT_BACKEND.to_string(),
+        Some(Value::String(s)) => s.to_ascii_lowercase(),
+        Some(v) => return Err(refuse("Backend.Type", v, "must be a string")),
+    };
+
+    Ok(NetConfig {
+        ipv4,
+        ipv6,
+        enable_nftables,
+        backend_type,
+        backend,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(text: &str) -> Family<Ipv4Network> {
+        parse(text).unwrap().ipv4.unwrap()
+    }
+
+    fn err(text: &str) -> ConfigError {
+        parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn subnet_len_defaults_follow_the_network_size() {
+        assert_eq!(v4(r#"{"Network":"10.5.0.0/16"}"#).subnet_len, 24);
+        assert_eq!(v4(r#"{"Network":"10.5.0.0/22"}"#).subnet_len, 24);
+        assert_eq!(v4(r#"{"Network":"10.5.0.0/23"}"#).subnet_len, 25);
+        assert_eq!(v4(r#"{"Network":"10.5.0.0/28"}"#).subnet_len, 30);
+        let e = err(r#"{"Network":"10.5.0.0/29"}"#);
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str()),
+            ("Network", "10.5.0.0/29")
+        );
+    }
+
+    #[test]
+    fn subnet_min_and_max_default_to_the_second_and_the_last_subnet() {
+        let f = v4(r#"{"Network":"10.5.0.0/16"}"#);
+        assert_eq!(f.network.to_string(), "10.5.0.0/16");
+        assert_eq!(f.subnet_min.to_string(), "10.5.1.0/24");
+        assert_eq!(f.subnet_max.to_string(), "10.5.255.0/24");
+        let f = v4(r#"{"Network":"10.5.0.0/16","SubnetLen":20}"#);
+        assert_eq!(f.subnet_min.to_string(), "10.5.16.0/20");
+        assert_eq!(f.subnet_max.to_string(), "10.5.240.0/20");
+    }
+
+    #[test]
+    fn the_network_is_masked_as_go_parses_it() {
+        assert_eq!(
+            v4(r#"{"Network":"10.5.7.9/16"}"#).network.to_string(),
+            "10.5.0.0/16"
+        );
+    }
+
+    #[test]
+    fn explicit_min_and_max_are_kept() {
+        let f = v4(r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.10.0","SubnetMax":"10.5.20.0"}"#);
+        assert_eq!(f.subnet_min.to_string(), "10.5.10.0/24");
+        assert_eq!(f.subnet_max.to_string(), "10.5.20.0/24");
+    }
+
+    #[test]
+    fn every_refusal_names_the_key_and_the_value() {
+        let cases = [
+            (r#"{}"#, "Network", "(missing)"),
+            (r#"{"Network":"10.5.0.0"}"#, "Network", "10.5.0.0"),
+            (r#"{"Network":"banana/16"}"#, "Network", "banana/16"),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":31}"#,
+                "SubnetLen",
+                "31",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":17}"#,
+                "SubnetLen",
+                "17",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":"24"}"#,
+                "SubnetLen",
+                "\"24\"",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.6.0.0"}"#,
+                "SubnetMin",
+                "10.6.0.0",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.3.7"}"#,
+                "SubnetMax",
+                "10.5.3.7",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.9.0","SubnetMax":"10.5.3.0"}"#,
+                "SubnetMin",
+                "10.5.9.0",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","EnableIPv4":"yes"}"#,
+                "EnableIPv4",
+                "\"yes\"",
+            ),
+            (r#"{"EnableIPv4":false}"#, "EnableIPv4", "false"),
+            (
+                r#"{"EnableIPv6":true,"EnableIPv4":false}"#,
+                "IPv6Network",
+                "(missing)",
+            ),
+            (
+                r#"{"EnableIPv6":true,"EnableIPv4":false,"IPv6Network":"fc00::/125"}"#,
+                "IPv6Network",
+                "fc00::/125",
+            ),
+            (
+                r#"{"EnableIPv6":true,"EnableIPv4":false,"IPv6Network":"fc00::/48","IPv6SubnetLen":127}"#,
+                "IPv6SubnetLen",
+                "127",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":"vxlan"}"#,
+                "Backend",
+                "\"vxlan\"",
+            ),
+            (r#"[1]"#, "(document)", ""),
+        ];
+        for (text, key, value) in cases {
+            let e = err(text);
+            assert_eq!(
+                (e.key.as_str(), e.value.as_str()),
+                (key, value),
+                "{text}: {e}"
+            );
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        assert!(err("{").to_string().contains("not valid JSON"));
+    }
+
+    #[test]
+    fn ipv6_defaults_follow_flannel() {
+        let c =
+            parse(r#"{"EnableIPv6":true,"EnableIPv4":false,"IPv6Network":"fc00::/48"}"#).unwrap();
+        assert!(c.ipv4.is_none());
+        let f = c.ipv6.unwrap();
+        assert_eq!(f.subnet_len, 64);
+        assert_eq!(f.subnet_min.to_string(), "fc00:0:0:1::/64");
+        assert_eq!(f.subnet_max.to_string(), "fc00:0:0:ffff::/64");
+        let f = parse(r#"{"EnableIPv6":true,"EnableIPv4":false,"IPv6Network":"fc00::/120"}"#)
+            .unwrap()
+            .ipv6
+            .unwrap();
+        assert_eq!(f.subnet_len, 122);
+        let f = parse(r#"{"EnableIPv6":true,"EnableIPv4":false,"IPv6Network":"fc00::/124"}"#)
+            .unwrap()
+            .ipv6
+            .unwrap();
+        assert_eq!(f.subnet_len, 126);
+    }
+
+    #[test]
+    fn dual_stack_keeps_both_families() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","IPv6SubnetLen":64}"#,
+        )
+        .unwrap();
+        assert!(c.ipv4.is_some() && c.ipv6.is_some());
+    }
+
+    #[test]
+    fn keys_match_as_go_decodes_them() {
+        let c = parse(
+            r#"{"network":"10.5.0.0/16","SUBNETLEN":26,"backend":{"type":"Host-GW","vni":4}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.ipv4.unwrap().subnet_len, 26);
+        assert_eq!(c.backend_type, "host-gw");
+        assert_eq!(
+            field(c.backend.as_object().unwrap(), "VNI"),
+            Some(&Value::from(4))
+        );
+        // An exact match wins over a case-insensitive one.
+        let c = parse(r#"{"network":"10.6.0.0/16","Network":"10.5.0.0/16"}"#).unwrap();
+        assert_eq!(c.ipv4.unwrap().network.to_string(), "10.5.0.0/16");
+    }
+
+    #[test]
+    fn a_missing_backend_means_vxlan() {
+        let c = parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        assert_eq!(c.backend_type, "vxlan");
+        assert!(!c.enable_nftables);
+        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":2},"EnableNFTables":true}"#)
+            .unwrap();
+        assert_eq!(c.backend_type, "vxlan");
+        assert!(c.enable_nftables);
+    }
+}

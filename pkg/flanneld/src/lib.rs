@@ -1,0 +1,15 @@
+//! flanneld: a subnet lease for this node from the cluster's registry (etcd v3 in flannel's
+//! schema, or a directory shared by the daemons of one machine), subnet.env for the flannel CNI
+//! plugin, and the other nodes' leases as a stream of events for the backend.
+
+pub mod alloc;
+pub mod backend;
+pub mod config;
+pub mod daemon;
+pub mod flags;
+pub mod health;
+pub mod iface;
+pub mod lease;
+pub mod notify;
+pub mod registry;
+pub mod view;

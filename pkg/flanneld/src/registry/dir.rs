@@ -1,0 +1,253 @@
+//! The embedded registry: the network config and one file per lease in a directory that the
+//! daemons of one machine share, as nodes share an etcd. Each lease file holds flannel's lease
+//! value and its expiry; writes go through a temporary file and a rename under an exclusive
+//! lock, and whoever reads an expired lease removes it.
+
+use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
+use crate::lease::SubnetKey;
+use crate::view::BadEntry;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+
+/// How often a watch looks at the directory.
+pub const POLL: Duration = Duration::from_millis(200);
+
+#[derive(Serialize, Deserialize)]
+struct LeaseFile {
+    /// Seconds since the epoch.
+    #[serde(rename = "Expiration")]
+    expiration: u64,
+    #[serde(rename = "Lease")]
+    lease: Box<RawValue>,
+}
+
+#[derive(Debug, Clone)]
+pub struct DirRegistry {
+    root: PathBuf,
+    /// The network config when the directory holds none.
+    fallback_config: PathBuf,
+}
+
+fn failed(what: impl std::fmt::Display, e: impl std::fmt::Display) -> RegistryError {
+    RegistryError::Failed(format!("{what}: {e}"))
+}
+
+fn epoch_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl DirRegistry {
+    /// Creates the directory layout if needed.
+    pub fn open(root: &Path, fallback_config: &Path) -> Result<DirRegistry> {
+        let reg = DirRegistry {
+            root: root.to_path_buf(),
+            fallback_config: fallback_config.to_path_buf(),
+        };
+        fs::create_dir_all(reg.subnets())
+            .map_err(|e| failed(format!("creating {}", reg.subnets().display()), e))?;
+        Ok(reg)
+    }
+
+    fn subnets(&self) -> PathBuf {
+        self.root.join("subnets")
+    }
+
+    fn lock(&self) -> Result<Flock<File>> {
+        let path = self.root.join("lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o644)
+            .open(&path)
+            .map_err(|e| failed(format!("opening {}", path.display()), e))?;
+        Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, e)| failed(format!("locking {}", path.display()), e))
+    }
+
+    fn read_lease(path: &Path) -> std::result::Result<LeaseFile, String> {
+        let bytes = fs::read(path).map_err(|e| e.to_string())?;
+        serde_json::from_slice(&bytes).map_err(|e| format!("not a lease file: {e}"))
+    }
+
+    fn write_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let expires = SystemTime::now() + ttl;
+        let lease = RawValue::from_string(value.to_string())
+            .map_err(|e| failed(format!("lease value for {key}"), e))?;
+        let body = serde_json::to_vec(&LeaseFile {
+            expiration: epoch_secs(expires),
+            lease,
+        })
+        .map_err(|e| failed(format!("encoding lease {key}"), e))?;
+        let path = self.subnets().join(key.to_string());
+        let tmp = self.subnets().join(format!(".{key}.tmp"));
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o644)
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| failed(format!("writing {}", path.display()), e))?;
+        Ok(expires)
+    }
+
+    fn list_now(&self) -> Result<Listing> {
+        let dir = self.subnets();
+        let rd = fs::read_dir(&dir).map_err(|e| failed(format!("listing {}", dir.display()), e))?;
+        let now = epoch_secs(SystemTime::now());
+        let mut listing = Listing::default();
+        let mut expired = Vec::new();
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            match Self::read_lease(&ent.path()) {
+                Ok(f) if f.expiration <= now => expired.push(ent.path()),
+                Ok(f) => listing.entries.push(Entry {
+                    key: name,
+                    value: f.lease.get().as_bytes().to_vec(),
+                }),
+                Err(reason) => listing.bad.push(BadEntry {
+                    key: ent.path().display().to_string(),
+                    reason,
+                }),
+            }
+        }
+        if !expired.is_empty() {
+            let _lock = self.lock()?;
+            for path in expired {
+                // Renewed meanwhile? Then it stays.
+                if let Ok(f) = Self::read_lease(&path) {
+                    if f.expiration <= now {
+                        let _ = fs::remove_file(&path);
+                    }
+                }
+            }
+        }
+        listing.entries.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listing)
+    }
+
+    fn create_now(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let _lock = self.lock()?;
+        let path = self.subnets().join(key.to_string());
+        match Self::read_lease(&path) {
+            Ok(f) if f.expiration > epoch_secs(SystemTime::now()) => {
+                return Err(RegistryError::Exists(*key))
+            }
+            Err(_) if path.exists() => return Err(RegistryError::Exists(*key)),
+            _ => {}
+        }
+        self.write_lease(key, value, ttl)
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(DirRegistry) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || f(me))
+            .await
+            .map_err(|e| failed("registry task", e))?
+    }
+}
+
+impl Registry for DirRegistry {
+    fn describe(&self) -> String {
+        format!("the embedded registry in {}", self.root.display())
+    }
+
+    fn config_location(&self) -> String {
+        format!(
+            "{} or {}",
+            self.root.join("config").display(),
+            self.fallback_config.display()
+        )
+    }
+
+    async fn config(&self) -> Result<Option<Vec<u8>>> {
+        for path in [self.root.join("config"), self.fallback_config.clone()] {
+            match tokio::fs::read(&path).await {
+                Ok(b) => return Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(failed(format!("reading {}", path.display()), e)),
+            }
+        }
+        Ok(None)
+    }
+
+    async fn list(&self) -> Result<Listing> {
+        self.blocking(|r| r.list_now()).await
+    }
+
+    async fn create(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let (key, value) = (*key, value.to_string());
+        self.blocking(move |r| r.create_now(&key, &value, ttl))
+            .await
+    }
+
+    async fn renew(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let (key, value) = (*key, value.to_string());
+        self.blocking(move |r| {
+            let _lock = r.lock()?;
+            r.write_lease(&key, &value, ttl)
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+        let path = self.subnets().join(key.to_string());
+        self.blocking(move |r| {
+            let _lock = r.lock()?;
+            match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(failed(format!("removing {}", path.display()), e)),
+            }
+        })
+        .await
+    }
+
+    /// Polls the directory and sends the whole set whenever a lease's value changed, one
+    /// appeared, or one went (deleted or expired).
+    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let mut last: Option<BTreeMap<String, Vec<u8>>> = None;
+        let mut ticker = tokio::time::interval(POLL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let listing = match self.list().await {
+                Ok(l) => l,
+                Err(e) => return WatchEnd::Broken(e.to_string()),
+            };
+            let now: BTreeMap<String, Vec<u8>> = listing
+                .entries
+                .iter()
+                .map(|e| (e.key.clone(), e.value.clone()))
+                .collect();
+            // The first look is sent too: it covers what changed since the caller listed.
+            if last.as_ref() != Some(&now) {
+                if tx.send(Change::Snapshot(listing)).await.is_err() {
+                    return WatchEnd::Closed;
+                }
+                last = Some(now);
+            }
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Leases in etcd v3, in flannel's schema: `<prefix>/config`, `<prefix>/subnets/<key>`, each lease
+//! created in a transaction guarded by its key not existing and attached to an etcd lease.
+
+use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
+use crate::lease::SubnetKey;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+
+/// How long one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    pub keyfile: Option<PathBuf>,
+    pub certfile: Option<PathBuf>,
+    pub cafile: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+pub struct EtcdRegistry {
+    client: Client,
+    opts: EtcdOptions,
+}
+
+fn failed(what: impl std::fmt::Display, e: impl std::fmt::Display) -> RegistryError {
+    RegistryError::Failed(format!("{what}: {e}"))
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    what: &str,
+    f: impl std::future::Future<Output = std::result::Result<T, E>>,
+) -> Result<T> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(failed(what, e)),
+        Err(_) => Err(failed(
+            what,
+            format!("no answer within {REQUEST_TIMEOUT:?}"),
+        )),
+    }
+}
+
+fn read(path: &PathBuf, flag: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| failed(format!("reading {flag} {}", path.display()), e))
+}
+
+impl EtcdRegistry {
+    /// The client options from the flags; a TLS file that cannot be read is an error.
+    pub fn connect_options(opts: &EtcdOptions) -> Result<ConnectOptions> {
+        let mut co = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if let (Some(u), Some(p)) = (&opts.username, &opts.password) {
+            co = co.with_user(u.clone(), p.clone());
+        }
+        let tls_wanted = opts.cafile.is_some() || opts.certfile.is_some();
+        if tls_wanted {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &opts.cafile {
+                tls = tls.ca_certificate(Certificate::from_pem(read(ca, "--etcd-cafile")?));
+            }
+            match (&opts.certfile, &opts.keyfile) {
+                (Some(c), Some(k)) => {
+                    tls = tls.identity(Identity::from_pem(
+                        read(c, "--etcd-certfile")?,
+                        read(k, "--etcd-keyfile")?,
+                    ));
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(RegistryError::Failed(
+                        "--etcd-certfile and --etcd-keyfile go together".into(),
+                    ))
+                }
+            }
+            co = co.with_tls(tls);
+        }
+        Ok(co)
+    }
+
+    /// Connects (no request is made unless a user must authenticate).
+    pub async fn connect(opts: EtcdOptions) -> Result<EtcdRegistry> {
+        let co = Self::connect_options(&opts)?;
+        let client = timed(
+            &format!("connecting to etcd at {}", opts.endpoints.join(",")),
+            Client::connect(&opts.endpoints, Some(co)),
+        )
+        .await?;
+        Ok(EtcdRegistry { client, opts })
+    }
+
+    fn subnets_prefix(&self) -> String {
+        format!("{}/subnets/", self.opts.prefix)
+    }
+
+    fn lease_key(&self, key: &SubnetKey) -> String {
+        format!("{}{key}", self.subnets_prefix())
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<i64> {
+        let mut c = self.client.clone();
+        let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let grant = timed("granting an etcd lease", c.lease_grant(ttl_secs, None)).await?;
+        Ok(grant.id())
+    }
+}
+
+impl Registry for EtcdRegistry {
+    fn describe(&self) -> String {
+        format!(
+            "etcd at {} (prefix {})",
+            self.opts.endpoints.join(","),
+            self.opts.prefix
+        )
+    }
+
+    fn config_location(&self) -> String {
+        format!(
+            "{}/config in etcd at {}",
+            self.opts.prefix,
+            self.opts.endpoints.join(",")
+        )
+    }
+
+    async fn config(&self) -> Result<Option<Vec<u8>>> {
+        let mut c = self.client.clone();
+        let key = format!("{}/config", self.opts.prefix);
+        let resp = timed(&format!("reading {key}"), c.get(key.as_str(), None)).await?;
+        Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn list(&self) -> Result<Listing> {
+        let mut c = self.client.clone();
+        let prefix = self.subnets_prefix();
+        let resp = timed(
+            &format!("listing {prefix}"),
+            c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        )
+        .await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let entries = resp
+            .kvs()
+            .iter()
+            .map(|kv| Entry {
+                key: String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
+                    .into_owned(),
+                value: kv.value().to_vec(),
+            })
+            .collect();
+        Ok(Listing {
+            entries,
+            bad: Vec::new(),
+            revision,
+        })
+    }
+
+    async fn create(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let lease = self.grant(ttl).await?;
+        let path = self.lease_key(key);
+        let txn = Txn::new()
+            .when([Compare::version(path.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                path.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let mut c = self.client.clone();
+        let resp = timed(&format!("creating {path}"), c.txn(txn)).await;
+        match resp {
+            Ok(r) if r.succeeded() => Ok(SystemTime::now() + ttl),
+            other => {
+                // The grant would only expire by itself; give it back now.
+                let _ = timed("revoking an unused etcd lease", c.lease_revoke(lease)).await;
+                match other {
+                    Ok(_) => Err(RegistryError::Exists(*key)),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    async fn renew(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        let lease = self.grant(ttl).await?;
+        let path = self.lease_key(key);
+        let mut c = self.client.clone();
+        timed(
+            &format!("renewing {path}"),
+            c.put(
+                path.as_str(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+        )
+        .await?;
+        Ok(SystemTime::now() + ttl)
+    }
+
+    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+        let path = self.lease_key(key);
+        let mut c = self.client.clone();
+        timed(&format!("deleting {path}"), c.delete(path.as_str(), None)).await?;
+        Ok(())
+    }
+
+    async fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let prefix = self.subnets_prefix();
+        let mut c = self.client.clone();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let mut stream = match timed(
+            &format!("watching {prefix}"),
+            c.watch(prefix.as_str(), Some(opts)),
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => return WatchEnd::Broken(e.to_string()),
+        };
+        loop {
+            let resp = match stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => return WatchEnd::Broken(format!("the watch on {prefix} ended")),
+                Err(e) => return WatchEnd::Broken(format!("watching {prefix}: {e}")),
+            };
+            if resp.compact_revision() > 0 {
+                return WatchEnd::Compacted(resp.compact_revision());
+            }
+            if resp.canceled() {
+                return WatchEnd::Broken(format!(
+                    "etcd cancelled the watch on {prefix}: {}",
+                    resp.cancel_reason()
+                ));
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let key = String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
+                    .into_owned();
+                let change = match ev.event_type() {
+                    EventType::Put => Change::Put(Entry {
+                        key,
+                        value: kv.value().to_vec(),
+                    }),
+                    EventType::Delete => Change::Delete(key),
+                };
+                if tx.send(change).await.is_err() {
+                    return WatchEnd::Closed;
+                }
+            }
+        }
+    }
+}
