@@ -98,14 +98,16 @@ pub fn previous_key(path: &std::path::Path) -> Option<SubnetKey> {
 }
 
 async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, ConfigError> {
-    let mut last_log: Option<Instant> = None;
+    // Each kind of trouble is logged when it starts and then every 30 s.
+    let mut last: Option<(bool, Instant)> = None;
+    let mut note = |missing: bool, what: String| {
+        let due = last.is_none_or(|(m, t)| m != missing || t.elapsed() >= Duration::from_secs(30));
+        if due {
+            warn!("{what}; retrying every second");
+            last = Some((missing, Instant::now()));
+        }
+    };
     loop {
-        let note = |what: String, last_log: &mut Option<Instant>| {
-            if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
-                warn!("{what}; retrying every second");
-                *last_log = Some(Instant::now());
-            }
-        };
         match reg.config().await {
             Ok(Some(bytes)) => {
                 let text = String::from_utf8_lossy(&bytes);
@@ -115,15 +117,15 @@ async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, ConfigError>
                 });
             }
             Ok(None) => note(
+                true,
                 format!("no network config yet at {}", reg.config_location()),
-                &mut last_log,
             ),
             Err(e) => note(
+                false,
                 format!(
                     "reading the network config at {}: {e}",
                     reg.config_location()
                 ),
-                &mut last_log,
             ),
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -136,7 +138,12 @@ async fn list_until_ok<R: Registry>(reg: &R) -> Listing {
     let mut delay = Duration::from_millis(200);
     loop {
         match reg.list().await {
-            Ok(l) => return l,
+            Ok(l) => {
+                if last_log.is_some() {
+                    info!("reached {} again", reg.describe());
+                }
+                return l;
+            }
             Err(e) => {
                 if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
                     warn!("listing leases in {}: {e}; retrying", reg.describe());

@@ -236,10 +236,17 @@ impl Registry for DirRegistry {
                 Ok(l) => l,
                 Err(e) => return WatchEnd::Broken(e.to_string()),
             };
+            // Unreadable files count too, so that a new one is reported.
             let now: BTreeMap<String, Vec<u8>> = listing
                 .entries
                 .iter()
                 .map(|e| (e.key.clone(), e.value.clone()))
+                .chain(
+                    listing
+                        .bad
+                        .iter()
+                        .map(|b| (b.key.clone(), b.reason.clone().into_bytes())),
+                )
                 .collect();
             // The first look is sent too: it covers what changed since the caller listed.
             if last.as_ref() != Some(&now) {

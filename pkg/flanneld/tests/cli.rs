@@ -1,0 +1,166 @@
+//! flanneld as an operator starts it: flags, environment, refusals, health and readiness.
+
+mod common;
+
+use common::*;
+use std::os::unix::net::UnixDatagram;
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(FLANNELD)
+        .args(args)
+        .output()
+        .expect("running flanneld")
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--etcd-endpoints",
+        "--etcd-prefix",
+        "--etcd-keyfile",
+        "--etcd-certfile",
+        "--etcd-cafile",
+        "--etcd-username",
+        "--etcd-password",
+        "--iface",
+        "--iface-regex",
+        "--iface-can-reach",
+        "--public-ip",
+        "--public-ipv6",
+        "--subnet-file",
+        "--subnet-lease-renew-margin",
+        "--ip-masq",
+        "--healthz-ip",
+        "--healthz-port",
+        "--iptables-resync",
+        "--ip-masq-fully-random-disable",
+        "--net-config-path",
+        "--version",
+        "-v",
+        "--registry-dir",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
+    }
+    assert!(run(&["--version"]).status.success());
+}
+
+#[test]
+fn a_wrong_flag_value_is_refused_naming_the_flag_and_the_value() {
+    for (args, needle) in [
+        (&["--subnet-lease-renew-margin", "1440"][..], "1440"),
+        (&["-public-ip=10.0.0.300"][..], "10.0.0.300"),
+        (&["--no-such-flag"][..], "--no-such-flag"),
+    ] {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{err}");
+    }
+    // From the environment too.
+    let out = Command::new(FLANNELD)
+        .env("FLANNELD_SUBNET_LEASE_RENEW_MARGIN", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--subnet-lease-renew-margin"));
+}
+
+#[test]
+fn kube_subnet_mgr_is_refused_with_what_to_use_instead() {
+    let out = run(&["--kube-subnet-mgr", "--ip-masq"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kube-subnet-mgr is not supported yet"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--etcd-endpoints") && err.contains("--registry-dir"),
+        "{err}"
+    );
+}
+
+fn http_get(node: &Node, url_path: &str) -> String {
+    // curl inside the node's namespace.
+    let out = node.ns.try_run(
+        "curl",
+        &[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://127.0.0.1:8471{url_path}"),
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn healthz_readyz_and_systemd_readiness() {
+    let node = Node::new("fch");
+    let reg = node.path("registry").display().to_string();
+    let sock_path = node.path("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(T)).unwrap();
+    // Flags from the environment, as a unit file's Environment= gives them.
+    let a = Daemon::start(
+        &node,
+        "a",
+        &[],
+        &[
+            ("FLANNELD_REGISTRY_DIR", &reg),
+            ("FLANNELD_HEALTHZ_PORT", "8471"),
+            ("FLANNELD_HEALTHZ_IP", "127.0.0.1"),
+            ("FLANNELD_PUBLIC_IP", "192.168.100.77"),
+            ("FLANNELD_IP_MASQ", "true"),
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
+        ],
+    );
+    a.wait_log("health endpoints", T);
+    // No network config yet: alive, not ready.
+    wait_for("/healthz to answer 200", T, || {
+        (http_get(&node, "/healthz") == "200").then_some(())
+    });
+    assert_eq!(http_get(&node, "/readyz"), "503");
+    std::fs::write(node.path("registry/config"), r#"{"Network":"10.8.0.0/16"}"#).unwrap();
+    let env = a.wait_subnet_env(T);
+    assert!(env.ends_with("FLANNEL_IPMASQ=true\n"), "{env}");
+    wait_for("/readyz to answer 200", T, || {
+        (http_get(&node, "/readyz") == "200").then_some(())
+    });
+    let mut buf = [0u8; 64];
+    let n = sock.recv(&mut buf).expect("READY=1 on the notify socket");
+    assert_eq!(&buf[..n], b"READY=1");
+    let lease =
+        std::fs::read_to_string(node.path(&format!("registry/subnets/{}", key_of(&a.subnet(T)))))
+            .unwrap();
+    assert!(lease.contains(r#""PublicIP":"192.168.100.77""#), "{lease}");
+}
+
+#[test]
+fn no_default_route_and_no_iface_is_a_bad_start() {
+    let node = Node::new("fci");
+    node.ns.ip(&["route", "del", "default"]);
+    let reg = node.path("registry").display().to_string();
+    std::fs::create_dir_all(node.path("registry")).unwrap();
+    std::fs::write(node.path("registry/config"), r#"{"Network":"10.8.0.0/16"}"#).unwrap();
+    let mut a = Daemon::start(&node, "a", &["--registry-dir", &reg], &[]);
+    assert_eq!(a.wait_exit(T).code(), Some(2));
+    assert!(a.log_text().contains("--iface"), "{}", a.log_text());
+    let mut b = Daemon::start(
+        &node,
+        "b",
+        &["--registry-dir", &reg, "--iface", "nope0"],
+        &[],
+    );
+    assert_eq!(b.wait_exit(T).code(), Some(2));
+    assert!(b.log_text().contains("--iface nope0"), "{}", b.log_text());
+}

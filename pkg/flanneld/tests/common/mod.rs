@@ -1,0 +1,458 @@
+//! Test support for the daemon: a node namespace with an `eth0`, a real etcd inside it on
+//! loopback, flanneld processes with their logs, all removed on drop (also when a test fails).
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+use testkit::TestNs;
+
+pub const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
+pub const PREFIX: &str = "/coreos.com/network";
+
+/// Polls `f` until it returns Some, or panics after `timeout` saying what it waited for.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("gave up after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A namespace standing for one machine: `lo`, and `eth0` at 192.168.100.1/24 with a default
+/// route, so that the daemon finds an external interface as on a real node.
+pub struct Node {
+    pub ns: TestNs,
+    pub dir: tempfile::TempDir,
+}
+
+impl Node {
+    pub fn new(prefix: &str) -> Node {
+        let ns = TestNs::new(prefix);
+        ns.ip(&[
+            "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p",
+        ]);
+        ns.ip(&["addr", "add", "192.168.100.1/24", "dev", "eth0"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.ip(&["link", "set", "eth0p", "up"]);
+        ns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "192.168.100.254",
+            "dev",
+            "eth0",
+            "onlink",
+        ]);
+        Node {
+            ns,
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+/// A real etcd (Debian's etcd-server) inside the node's namespace, on 127.0.0.1:2379.
+pub struct Etcd {
+    child: Option<Child>,
+    pub data: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+    pub client_url: String,
+    tls: Option<Tls>,
+}
+
+#[derive(Clone)]
+pub struct Tls {
+    pub ca: PathBuf,
+    /// The server's certificate and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// A client's, signed by the same CA.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl Etcd {
+    pub fn start(node: &Node) -> Etcd {
+        Self::start_with(node, None, &[])
+    }
+
+    pub fn start_with(node: &Node, tls: Option<Tls>, extra: &[&str]) -> Etcd {
+        let data = node.path("etcd-data");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:2379");
+        let mut args: Vec<String> = [
+            "--name",
+            "t",
+            "--data-dir",
+            data.to_str().unwrap_or_default(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-advertise-peer-urls",
+            "http://127.0.0.1:2380",
+            "--initial-cluster",
+            "t=http://127.0.0.1:2380",
+            "--log-level",
+            "warn",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if let Some(t) = &tls {
+            for (flag, path) in [
+                ("--cert-file", &t.cert),
+                ("--key-file", &t.key),
+                ("--trusted-ca-file", &t.ca),
+            ] {
+                args.push(flag.into());
+                args.push(path.display().to_string());
+            }
+            args.push("--client-cert-auth".into());
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut e = Etcd {
+            child: None,
+            data,
+            log: node.path("etcd.log"),
+            args,
+            client_url,
+            tls,
+        };
+        e.resume(node);
+        e
+    }
+
+    /// Starts (again) on the same data directory and waits until it answers.
+    pub fn resume(&mut self, node: &Node) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("etcd log file");
+        let child = node
+            .ns
+            .command("etcd")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting etcd (Debian's etcd-server; scripts/deps.sh installs it)");
+        self.child = Some(child);
+        wait_for(
+            "etcd to answer on 127.0.0.1:2379",
+            Duration::from_secs(30),
+            || {
+                let out = self.ctl(node, &["endpoint", "health"]);
+                out.status.success().then_some(())
+            },
+        );
+    }
+
+    /// Stops it (SIGKILL: as a crash would), keeping the data.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn ctl(&self, node: &Node, args: &[&str]) -> std::process::Output {
+        let mut cmd = node.ns.command("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(&self.client_url)
+            .arg("--command-timeout=5s");
+        if let Some(t) = &self.tls {
+            cmd.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.client_cert)
+                .arg("--key")
+                .arg(&t.client_key);
+        }
+        cmd.args(args).output().expect("running etcdctl")
+    }
+
+    /// Runs etcdctl and returns its stdout, panicking when it fails.
+    pub fn ctl_ok(&self, node: &Node, args: &[&str]) -> String {
+        let out = self.ctl(node, args);
+        assert!(
+            out.status.success(),
+            "etcdctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn put(&self, node: &Node, key: &str, value: &str) {
+        self.ctl_ok(node, &["put", key, "--", value]);
+    }
+
+    /// The value under `key`, or None.
+    pub fn get(&self, node: &Node, key: &str) -> Option<String> {
+        let out = self.ctl_ok(node, &["get", "--print-value-only", key]);
+        let v = out.trim_end_matches('\n');
+        (!v.is_empty()).then(|| v.to_string())
+    }
+
+    /// The keys under the lease prefix.
+    pub fn lease_keys(&self, node: &Node) -> Vec<String> {
+        self.ctl_ok(
+            node,
+            &[
+                "get",
+                "--keys-only",
+                "--prefix",
+                &format!("{PREFIX}/subnets/"),
+            ],
+        )
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.trim_start_matches(&format!("{PREFIX}/subnets/"))
+                .to_string()
+        })
+        .collect()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One flanneld process with its log.
+pub struct Daemon {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub subnet_file: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Daemon {
+    /// Starts flanneld in the node's namespace with `args` (and the environment given).
+    pub fn start(node: &Node, name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let log = node.path(&format!("{name}.log"));
+        let subnet_file = node.path(&format!("{name}.subnet.env"));
+        let log_file = fs::File::create(&log).expect("daemon log file");
+        let mut cmd: Command = node.ns.command(FLANNELD);
+        cmd.arg("--subnet-file")
+            .arg(&subnet_file)
+            .args(args)
+            .env_remove("NOTIFY_SOCKET")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file);
+        let child = cmd.spawn().expect("starting flanneld");
+        Daemon {
+            child: Some(child),
+            log,
+            subnet_file,
+            status: None,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log holds `needle`; panics with the log when it does not.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.log_text().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "gave up after {timeout:?} waiting for {needle:?} in {}:\n{}",
+            self.log.display(),
+            self.log_text()
+        );
+    }
+
+    /// The subnet.env once written.
+    pub fn wait_subnet_env(&self, timeout: Duration) -> String {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(t) = fs::read_to_string(&self.subnet_file) {
+                if !t.is_empty() {
+                    return t;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "gave up after {timeout:?} waiting for {}; log:\n{}",
+            self.subnet_file.display(),
+            self.log_text()
+        );
+    }
+
+    /// FLANNEL_SUBNET as written.
+    pub fn subnet(&self, timeout: Duration) -> String {
+        let env = self.wait_subnet_env(timeout);
+        env.lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+            .unwrap_or_else(|| panic!("no FLANNEL_SUBNET in {env}"))
+            .to_string()
+    }
+
+    /// Still running?
+    pub fn running(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(Ok(Some(s))) => {
+                self.status = Some(s);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Waits for the process to end by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if !self.running() {
+                if let Some(s) = self.status {
+                    return s;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "flanneld did not exit within {timeout:?}; log:\n{}",
+            self.log_text()
+        );
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(Duration::from_secs(10))
+    }
+
+    /// SIGKILL: the daemon dies without a word, as on a power loss.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The subnet key (`10.5.3.0-24`) of a FLANNEL_SUBNET value (`10.5.3.1/24`).
+pub fn key_of(subnet: &str) -> String {
+    let (ip, len) = subnet.split_once('/').expect("addr/len");
+    let ip: std::net::Ipv4Addr = ip.parse().expect("an IPv4 address");
+    let len: u32 = len.parse().expect("a prefix length");
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    format!("{}-{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask))
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
+pub fn make_certs(dir: &Path) -> Tls {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("running openssl");
+        assert!(
+            out.status.success(),
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+    ]);
+    fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("writing ext.cnf");
+    for name in ["server", "client"] {
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
+    Tls {
+        ca: dir.join("ca.crt"),
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        client_cert: dir.join("client.crt"),
+        client_key: dir.join("client.key"),
+    }
+}

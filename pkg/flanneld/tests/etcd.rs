@@ -1,0 +1,319 @@
+//! flanneld against a real etcd (Debian's etcd-server) started per test in the test's own
+//! namespace: leases in flannel's exact schema, their lifecycle, and etcd misbehaving.
+
+mod common;
+
+use common::*;
+use std::collections::HashSet;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
+
+fn config(node: &Node, etcd: &Etcd) {
+    etcd.put(node, &format!("{PREFIX}/config"), CONFIG);
+}
+
+fn daemon(node: &Node, etcd: &Etcd, name: &str, ip: &str, extra: &[&str]) -> Daemon {
+    let mut args = vec![
+        "--etcd-endpoints",
+        &etcd.client_url,
+        "--iface",
+        "eth0",
+        "--public-ip",
+        ip,
+    ];
+    args.extend_from_slice(extra);
+    Daemon::start(node, name, &args, &[])
+}
+
+#[test]
+fn a_lease_is_taken_in_flannels_schema_renewed_and_expires_when_the_node_dies() {
+    let node = Node::new("fde");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let mut a = daemon(
+        &node,
+        &etcd,
+        "a",
+        "192.168.100.11",
+        &["--subnet-lease-ttl", "6"],
+    );
+    let subnet = a.subnet(T);
+    let env = std::fs::read_to_string(&a.subnet_file).unwrap();
+    assert_eq!(
+        env,
+        format!("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET={subnet}\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n")
+    );
+    let key = key_of(&subnet);
+    // The value flanneld would write, byte for byte.
+    assert_eq!(
+        etcd.get(&node, &format!("{PREFIX}/subnets/{key}"))
+            .as_deref(),
+        Some(r#"{"PublicIP":"192.168.100.11","PublicIPv6":null,"BackendType":"vxlan"}"#)
+    );
+    // A TTL of 6 s is renewed every 4 s: after 10 s it is still there.
+    a.wait_log(&format!("renewed lease {key}"), T);
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(etcd.lease_keys(&node).contains(&key));
+    assert!(a.running());
+
+    let mut b = daemon(&node, &etcd, "b", "192.168.100.12", &[]);
+    b.wait_log(&format!("lease added: {key} public-ip 192.168.100.11"), T);
+    // A dies without a word; etcd expires its lease and B hears of it.
+    a.kill();
+    b.wait_log(&format!("lease removed: {key}"), T);
+    assert!(!etcd.lease_keys(&node).contains(&key));
+    assert!(b.running());
+}
+
+#[test]
+fn ten_daemons_started_at_once_get_distinct_subnets() {
+    let node = Node::new("fdt");
+    let etcd = Etcd::start(&node);
+    // A small range, so that the random picks collide and the losers must choose again.
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0","SubnetMax":"10.5.12.0"}"#,
+    );
+    let mut daemons: Vec<Daemon> = (0..10)
+        .map(|i| {
+            daemon(
+                &node,
+                &etcd,
+                &format!("d{i}"),
+                &format!("192.168.100.{}", 20 + i),
+                &[],
+            )
+        })
+        .collect();
+    let subnets: HashSet<String> = daemons.iter().map(|d| d.subnet(T)).collect();
+    assert_eq!(subnets.len(), 10, "{subnets:?}");
+    let keys: HashSet<String> = etcd.lease_keys(&node).into_iter().collect();
+    assert_eq!(keys, subnets.iter().map(|s| key_of(s)).collect());
+    // Everyone hears of everyone else.
+    for d in &daemons {
+        for s in &subnets {
+            if d.subnet(T) != *s {
+                d.wait_log(&format!("lease added: {}", key_of(s)), T);
+            }
+        }
+    }
+    for d in &mut daemons {
+        assert!(d.running(), "a daemon exited:\n{}", d.log_text());
+    }
+}
+
+#[test]
+fn leases_written_as_flanneld_writes_them_are_nodes_and_bad_ones_are_skipped() {
+    let node = Node::new("fdf");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    a.subnet(T);
+    let flanneld = r#"{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}"#;
+    etcd.put(&node, &format!("{PREFIX}/subnets/10.5.200.0-24"), flanneld);
+    a.wait_log(
+        "lease added: 10.5.200.0-24 public-ip 192.168.64.3 backend vxlan",
+        T,
+    );
+    // Garbage: a value that is not JSON, a key that is not a subnet.
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/subnets/10.5.201.0-24"),
+        "{not json",
+    );
+    etcd.put(&node, &format!("{PREFIX}/subnets/banana"), flanneld);
+    a.wait_log("skipping lease 10.5.201.0-24", T);
+    a.wait_log("skipping lease banana", T);
+    // The rest is still served.
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/subnets/10.5.202.0-24&fc00:0:0:1::-64"),
+        r#"{"PublicIP":"192.168.64.4","PublicIPv6":"fd00::4","BackendType":"vxlan"}"#,
+    );
+    a.wait_log(
+        "lease added: 10.5.202.0-24&fc00:0:0:1::-64 public-ip 192.168.64.4",
+        T,
+    );
+    etcd.ctl_ok(&node, &["del", &format!("{PREFIX}/subnets/10.5.200.0-24")]);
+    a.wait_log("lease removed: 10.5.200.0-24", T);
+    assert!(a.running());
+}
+
+#[test]
+fn a_restart_keeps_the_subnet_and_sigterm_leaves_the_lease() {
+    let node = Node::new("fdr");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    let subnet = a.subnet(T);
+    assert_eq!(a.stop().code(), Some(0));
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    // Same node again: its lease is found by its public address.
+    std::fs::remove_file(&a.subnet_file).unwrap();
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    assert_eq!(a.subnet(T), subnet);
+    a.wait_log("leased subnet", T);
+    assert_eq!(etcd.lease_keys(&node), vec![key_of(&subnet)]);
+    // A lease lost meanwhile: the old subnet.env brings the same subnet back.
+    assert_eq!(a.stop().code(), Some(0));
+    etcd.ctl_ok(&node, &["del", "--prefix", &format!("{PREFIX}/subnets/")]);
+    let a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    a.wait_log("leased subnet", T);
+    assert_eq!(etcd.lease_keys(&node), vec![key_of(&subnet)]);
+}
+
+#[test]
+fn etcd_down_for_30_seconds_the_daemon_rides_it_out() {
+    let node = Node::new("fdo");
+    let mut etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    let subnet = a.subnet(T);
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(30));
+    assert!(a.running(), "flanneld died with etcd:\n{}", a.log_text());
+    etcd.resume(&node);
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/subnets/10.5.250.0-24"),
+        r#"{"PublicIP":"192.168.100.99","PublicIPv6":null,"BackendType":"vxlan"}"#,
+    );
+    a.wait_log("lease added: 10.5.250.0-24", Duration::from_secs(60));
+    assert!(a.running());
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    assert_eq!(a.subnet(T), subnet);
+}
+
+#[test]
+fn this_nodes_lease_deleted_by_someone_else_ends_the_daemon_with_a_message() {
+    let node = Node::new("fdd");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    let key = key_of(&a.subnet(T));
+    a.wait_log("leased subnet", T);
+    etcd.ctl_ok(&node, &["del", &format!("{PREFIX}/subnets/{key}")]);
+    assert_eq!(a.wait_exit(T).code(), Some(1));
+    assert!(a
+        .log_text()
+        .contains(&format!("this node's lease {key} was removed")));
+}
+
+#[test]
+fn tls_with_client_certificates() {
+    let node = Node::new("fds");
+    let tls = make_certs(node.dir.path());
+    let etcd = Etcd::start_with(&node, Some(tls.clone()), &[]);
+    config(&node, &etcd);
+    let (ca, cert, key) = (
+        tls.ca.display().to_string(),
+        tls.client_cert.display().to_string(),
+        tls.client_key.display().to_string(),
+    );
+    let a = daemon(
+        &node,
+        &etcd,
+        "a",
+        "192.168.100.11",
+        &[
+            "--etcd-cafile",
+            &ca,
+            "--etcd-certfile",
+            &cert,
+            "--etcd-keyfile",
+            &key,
+        ],
+    );
+    let subnet = a.subnet(T);
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    // Without a client certificate etcd refuses it: no lease, no subnet.env, still running.
+    let mut b = daemon(&node, &etcd, "b", "192.168.100.12", &["--etcd-cafile", &ca]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(b.running());
+    assert!(!b.subnet_file.exists());
+    assert_eq!(etcd.lease_keys(&node).len(), 1);
+}
+
+#[test]
+fn user_and_password() {
+    let node = Node::new("fdu");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    etcd.ctl_ok(&node, &["user", "add", "root:s3cret"]);
+    etcd.ctl_ok(&node, &["user", "grant-role", "root", "root"]);
+    etcd.ctl_ok(&node, &["auth", "enable"]);
+    // The password from the environment, as a unit file would pass it.
+    let a = Daemon::start(
+        &node,
+        "a2",
+        &[
+            "--etcd-endpoints",
+            &etcd.client_url,
+            "--iface",
+            "eth0",
+            "--etcd-username",
+            "root",
+        ],
+        &[("FLANNELD_ETCD_PASSWORD", "s3cret")],
+    );
+    let subnet = a.subnet(T);
+    let keys = etcd.ctl_ok(
+        &node,
+        &[
+            "--user",
+            "root:s3cret",
+            "get",
+            "--keys-only",
+            "--prefix",
+            &format!("{PREFIX}/subnets/"),
+        ],
+    );
+    assert!(keys.contains(&key_of(&subnet)), "{keys}");
+}
+
+#[test]
+fn an_unreachable_etcd_at_start_is_waited_for() {
+    let node = Node::new("fdw");
+    // Nothing listens yet.
+    let a = Daemon::start(
+        &node,
+        "a",
+        &[
+            "--etcd-endpoints",
+            "http://127.0.0.1:2379",
+            "--iface",
+            "eth0",
+        ],
+        &[],
+    );
+    a.wait_log("127.0.0.1:2379", T);
+    let mut a = a;
+    assert!(a.running());
+    let etcd = Etcd::start(&node);
+    a.wait_log("no network config yet at /coreos.com/network/config", T);
+    config(&node, &etcd);
+    let subnet = a.subnet(T);
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+}
+
+#[test]
+fn a_malformed_network_config_ends_the_start_with_status_2_naming_the_key() {
+    let node = Node::new("fdm");
+    let etcd = Etcd::start(&node);
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.5.0.0/16","SubnetLen":31}"#,
+    );
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    assert_eq!(a.wait_exit(T).code(), Some(2));
+    let log = a.log_text();
+    assert!(
+        log.contains("SubnetLen 31") && log.contains("/coreos.com/network/config"),
+        "{log}"
+    );
+    assert!(etcd.lease_keys(&node).is_empty());
+}
