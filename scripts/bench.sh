@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks against Debian's Go plugins (/usr/lib/cni), each in the same run and in
-# throwaway namespaces: host-local, bridge (+host-local), flannel (-> bridge -> host-local), portmap.
+# throwaway namespaces: host-local, bridge (+host-local), flannel (-> bridge -> host-local), portmap;
+# and the daemon flanneld against a real etcd (no Go flanneld is packaged to compare with).
 # Needs root and the containernetworking-plugins package. Pass plugin names to run only some.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 host_triple=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
 cargo build --release --locked --quiet --target "$host_triple"
-for p in "${@:-host-local bridge flannel portmap}"; do
+for p in "${@:-host-local bridge flannel portmap flanneld}"; do
     for q in $p; do
         printf '\n== %s\n' "$q"
         cargo bench --locked --quiet --target "$host_triple" -p "$q"

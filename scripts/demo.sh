@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The suite's main job, end to end on one throwaway node: build, install into a temporary
-# prefix, then run the plugins as a runtime would for two pods on the stock flannel conflist,
+# prefix, start the fabric daemon for the node's subnet.env, then run the plugins as a runtime would for two pods on the stock flannel conflist,
 # show what they made, send traffic, and tear it all down. Everything happens in network
 # namespaces this script creates (the node itself is a namespace); the root namespace is
 # never touched, and everything is removed on exit, also on failure.
@@ -45,15 +45,26 @@ step "a node: network namespace $host"
 ip netns add "$host"
 in_host ip link set lo up
 
-step "subnet.env, as the fabric daemon writes it"
-mkdir -p "$prefix/run/flannel"
-cat >"$prefix/run/flannel/subnet.env" <<ENV
-FLANNEL_NETWORK=10.244.0.0/16
-FLANNEL_SUBNET=10.244.7.1/24
-FLANNEL_MTU=1450
-FLANNEL_IPMASQ=true
-ENV
+step "the fabric daemon: flanneld takes a subnet lease for the node and writes subnet.env"
+# The node's uplink, as on a real machine: flanneld picks the default route's interface.
+in_host ip link add eth0 type veth peer name uplink0
+in_host ip addr add 192.168.50.2/24 dev eth0
+in_host ip link set eth0 up
+in_host ip link set uplink0 up
+in_host ip route add default via 192.168.50.1 dev eth0 onlink
+mkdir -p "$prefix/registry" "$prefix/run/flannel"
+echo '{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}' >"$prefix/registry/config"
+show cat "$prefix/registry/config"
+# No --etcd-endpoints: the embedded registry, a directory the node's daemons share.
+in_host "$prefix/bin/flanneld" --registry-dir "$prefix/registry" \
+    --subnet-file "$prefix/run/flannel/subnet.env" --ip-masq 2>"$prefix/flanneld.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$prefix/run/flannel/subnet.env" ] && break; sleep 0.1; done
+[ -s "$prefix/run/flannel/subnet.env" ] || { cat "$prefix/flanneld.log" >&2; exit 1; }
+sed 's/^[^ ]* *//; s/^/    flanneld: /' "$prefix/flanneld.log"
 show cat "$prefix/run/flannel/subnet.env"
+show ls "$prefix/registry/subnets"
+gateway=$(sed -n 's/^FLANNEL_SUBNET=\(.*\)\/.*/\1/p' "$prefix/run/flannel/subnet.env")
 
 # The stock kube-flannel conflist (testdata/10-flannel.conflist), with the file locations
 # pointed into the prefix. Each plugin receives the list's name and cniVersion.
@@ -95,8 +106,8 @@ pids+=($!)
 sleep 0.3
 pod1_ip=$(ip -n "demo-pod1-$id" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)
 show ip netns exec "demo-pod2-$id" busybox ping -c 2 -W 1 "$pod1_ip"
-printf '$ GET http://10.244.7.1:8080/ from the node\n'
-printf 'GET / HTTP/1.0\r\n\r\n' | in_host socat -t 2 - TCP:10.244.7.1:8080 | sed 's/^/    /'
+printf '$ GET http://%s:8080/ from the node\n' "$gateway"
+printf 'GET / HTTP/1.0\r\n\r\n' | in_host socat -t 2 - "TCP:$gateway:8080" | sed 's/^/    /'
 
 step "tear down in reverse, as the runtime does at pod removal"
 for i in 2 1; do
