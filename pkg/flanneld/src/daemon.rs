@@ -2,9 +2,9 @@
 //! the other nodes' leases followed through watches and resyncs into the backend.
 
 use crate::alloc::{self, Action, Node};
-use crate::backend::Backend;
+use crate::backend::Datapath;
 use crate::config::{self, ConfigError, NetConfig};
-use crate::iface::{self, External, LinkFacts, Route, Wanted};
+use crate::iface::{self, LinkFacts, Route, Wanted};
 use crate::lease::{LeaseAttrs, SubnetKey};
 use crate::registry::{Change, Listing, Registry, RegistryError, WatchEnd};
 use crate::view::{LeaseView, Outcome};
@@ -322,6 +322,12 @@ async fn deliver(
     events: &mpsc::Sender<Vec<crate::view::Event>>,
 ) -> Option<String> {
     log_bad(&outcome, where_);
+    for e in &outcome.events {
+        match e {
+            crate::view::Event::Added(l) => info!("lease added: {l}"),
+            crate::view::Event::Removed(l) => info!("lease removed: {l}"),
+        }
+    }
     if !outcome.events.is_empty() {
         let _ = events.send(outcome.events).await;
     }
@@ -330,12 +336,32 @@ async fn deliver(
         .then(|| format!("this node's lease {own} was removed from {where_}"))
 }
 
+/// The lease that carries this node's public address, if the registry answers at once.
+async fn own_earlier_lease<R: Registry>(
+    reg: &R,
+    cfg: &NetConfig,
+    node: &Node,
+) -> Option<LeaseAttrs> {
+    let listing = tokio::time::timeout(Duration::from_secs(5), reg.list())
+        .await
+        .ok()?
+        .ok()?;
+    listing
+        .entries
+        .iter()
+        .filter_map(|e| crate::lease::Lease::decode(&e.key, &e.value).ok())
+        .find(|l| {
+            if cfg.ipv4.is_some() {
+                node.public_ip.is_some() && l.attrs.public_ip == node.public_ip
+            } else {
+                node.public_ipv6.is_some() && l.attrs.public_ipv6 == node.public_ipv6
+            }
+        })
+        .map(|l| l.attrs)
+}
+
 /// Runs until stopped or the lease is lost.
-pub async fn run<R: Registry, B: Backend>(
-    reg: Arc<R>,
-    settings: Settings,
-    make_backend: impl FnOnce(&NetConfig, &External) -> Result<B, String>,
-) -> Exit {
+pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
     let cfg = match wait_for_config(reg.as_ref()).await {
         Ok(c) => c,
         Err(e) => return Exit::BadStart(e.to_string()),
@@ -372,24 +398,30 @@ pub async fn run<R: Registry, B: Backend>(
         .collect::<Vec<_>>()
         .join(" ")
     );
-    let mut backend = match make_backend(&cfg, &external) {
-        Ok(b) => b,
-        Err(e) => return Exit::BadStart(e),
-    };
     let node = Node {
         public_ip: external.public_ip,
         public_ipv6: external.public_ipv6,
+    };
+    // This node's lease from before, for the VtepMAC it announced.
+    let earlier = own_earlier_lease(reg.as_ref(), &cfg, &node).await;
+    let mut backend = match Datapath::new(&cfg, &external, earlier.as_ref()).await {
+        Ok(b) => b,
+        Err(e) => return Exit::BadStart(e),
     };
     let attrs = LeaseAttrs {
         public_ip: node.public_ip,
         public_ipv6: node.public_ipv6,
         backend_type: cfg.backend_type.clone(),
         backend_data: backend.backend_data(),
-        backend_v6_data: None,
+        backend_v6_data: backend.backend_v6_data(),
     };
     let previous = previous_key(&settings.subnet_file);
     let (own, expiry) = acquire(reg.as_ref(), &cfg, &node, previous, &attrs, settings.ttl).await;
     info!("leased subnet {own} in {}", reg.describe());
+    if let Err(e) = backend.set_own(own).await {
+        // The reconciler keeps trying; the plugin may already use the subnet.
+        error!("setting up the datapath for {own}: {e}");
+    }
 
     let env = subnet_env(&cfg, &own, backend.mtu(), settings.ip_masq);
     if let Err(e) = env.write(&settings.subnet_file) {
@@ -413,12 +445,8 @@ pub async fn run<R: Registry, B: Backend>(
         settings.ttl,
         settings.renew_margin,
     ));
-    let (tx, mut rx) = mpsc::channel::<Vec<crate::view::Event>>(64);
-    let backend_task = tokio::spawn(async move {
-        while let Some(batch) = rx.recv().await {
-            backend.handle(&batch);
-        }
-    });
+    let (tx, rx) = mpsc::channel::<Vec<crate::view::Event>>(64);
+    let backend_task = tokio::spawn(backend.run(rx));
     let follower = tokio::spawn(follow(reg.clone(), own, tx));
 
     let exit = tokio::select! {

@@ -44,6 +44,8 @@ pub struct External {
     /// What goes into the lease: `--public-ip` or the interface's address.
     pub public_ip: Option<Ipv4Addr>,
     pub public_ipv6: Option<Ipv6Addr>,
+    /// The interface's addresses with their prefixes.
+    pub addrs: Vec<IpNetwork>,
 }
 
 fn usable(a: &IpNetwork) -> bool {
@@ -161,6 +163,7 @@ pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<Ex
         iface_ipv6,
         public_ip: if want.ipv4 { public_ip } else { None },
         public_ipv6: if want.ipv6 { public_ipv6 } else { None },
+        addrs: link.addrs.iter().filter(|a| usable(a)).copied().collect(),
     })
 }
 

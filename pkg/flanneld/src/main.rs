@@ -1,7 +1,6 @@
 //! flanneld: flags, logging, the kernel's view of the interfaces, then the daemon.
 
 use clap::Parser;
-use flanneld::backend::Logging;
 use flanneld::daemon::{self, Exit, Settings};
 use flanneld::flags::{normalise_args, Flags};
 use flanneld::iface::Wanted;
@@ -167,5 +166,5 @@ async fn serve(
 
 async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
     info!("registry: {}", reg.describe());
-    daemon::run(reg, settings, |_cfg, ext| Ok(Logging::new(ext.mtu))).await
+    daemon::run(reg, settings).await
 }

@@ -18,7 +18,11 @@ impl Shared {
     fn new(prefix: &str) -> Shared {
         let node = Node::new(prefix);
         fs::create_dir_all(node.path("registry")).unwrap();
-        fs::write(node.path("registry/config"), r#"{"Network":"10.6.0.0/16"}"#).unwrap();
+        fs::write(
+            node.path("registry/config"),
+            r#"{"Network":"10.6.0.0/16","Backend":{"Type":"alloc"}}"#,
+        )
+        .unwrap();
         Shared { node }
     }
 

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
-const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
+// `alloc` programs nothing: several daemons share one namespace here. The datapath has its
+// own tests (tests/datapath.rs).
+const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"alloc"}}"#;
 
 fn config(node: &Node, etcd: &Etcd) {
     etcd.put(node, &format!("{PREFIX}/config"), CONFIG);
@@ -50,7 +52,7 @@ fn a_lease_is_taken_in_flannels_schema_renewed_and_expires_when_the_node_dies() 
     assert_eq!(
         etcd.get(&node, &format!("{PREFIX}/subnets/{key}"))
             .as_deref(),
-        Some(r#"{"PublicIP":"192.168.100.11","PublicIPv6":null,"BackendType":"vxlan"}"#)
+        Some(r#"{"PublicIP":"192.168.100.11","PublicIPv6":null,"BackendType":"alloc"}"#)
     );
     // A TTL of 6 s is renewed every 4 s: after 10 s it is still there.
     a.wait_log(&format!("renewed lease {key}"), T);
@@ -75,7 +77,7 @@ fn ten_daemons_started_at_once_get_distinct_subnets() {
     etcd.put(
         &node,
         &format!("{PREFIX}/config"),
-        r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0","SubnetMax":"10.5.12.0"}"#,
+        r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0","SubnetMax":"10.5.12.0","Backend":{"Type":"alloc"}}"#,
     );
     let mut daemons: Vec<Daemon> = (0..10)
         .map(|i| {

@@ -57,6 +57,39 @@ impl Node {
         }
     }
 
+    /// Two machines on one link: each one's `eth0` is the other's peer, 192.168.100.1 and .2.
+    pub fn pair(prefix: &str) -> (Node, Node) {
+        let (a, b) = (TestNs::new(prefix), TestNs::new(prefix));
+        a.ip(&[
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            b.name(),
+        ]);
+        for (ns, addr) in [(&a, "192.168.100.1/24"), (&b, "192.168.100.2/24")] {
+            ns.ip(&["addr", "add", addr, "dev", "eth0"]);
+            ns.ip(&["link", "set", "eth0", "up"]);
+            ns.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                "192.168.100.254",
+                "dev",
+                "eth0",
+                "onlink",
+            ]);
+        }
+        let dir = || tempfile::tempdir().expect("a temporary directory");
+        (Node { ns: a, dir: dir() }, Node { ns: b, dir: dir() })
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

@@ -1,0 +1,526 @@
+//! The datapath for the other nodes' leases, kept equal to them by one reconciler: it reads what
+//! the kernel holds in the objects it owns, computes the difference to what the leases call for
+//! (`desired`), and writes only that, in batches. Lease events, netlink notifications about
+//! those objects and a timer all lead to the same pass, so start, restart, repair and normal
+//! operation are one code path.
+
+use super::desired::{self, diff, owns_route, Entries, Local, Plan};
+use super::mode::{self, Mode, VxlanParams};
+use crate::config::NetConfig;
+use crate::iface::External;
+use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::view::Event;
+use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Events, Vxlan, VxlanSpec};
+use cni_kernel::procsys::{self, Proto};
+use futures::StreamExt;
+use ipnetwork::IpNetwork;
+use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// How often the datapath is checked when nothing asks for it.
+pub const RESYNC: Duration = Duration::from_secs(10);
+/// How long a burst of triggers is gathered into one pass.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// vxlan's per-packet overhead over IPv4 and IPv6 underlays.
+const VXLAN_OVERHEAD_V4: u32 = 50;
+const VXLAN_OVERHEAD_V6: u32 = 70;
+
+pub struct Datapath {
+    conn: Conn,
+    local: Local,
+    vxlan: Option<VxlanParams>,
+    ext: External,
+    mtu: u32,
+    vtep4: Option<[u8; 6]>,
+    vtep6: Option<[u8; 6]>,
+}
+
+/// What one pass changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub device: bool,
+    pub put: (usize, usize, usize),
+    pub removed: (usize, usize, usize),
+}
+
+impl Changes {
+    pub fn any(&self) -> bool {
+        self.device || self.put != (0, 0, 0) || self.removed != (0, 0, 0)
+    }
+}
+
+fn random_mac() -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for b in m.iter_mut() {
+        *b = fastrand::u8(..);
+    }
+    // Unicast, locally administered.
+    m[0] = (m[0] & 0xfe) | 0x02;
+    m
+}
+
+fn device_name(v6: bool, vni: u32) -> String {
+    if v6 {
+        format!("flannel-v6.{vni}")
+    } else {
+        format!("flannel.{vni}")
+    }
+}
+
+impl Datapath {
+    /// Checks the backend's config against the node and makes the vxlan devices, so that their
+    /// MACs can go into the lease. `previous` is this node's lease from before, if any.
+    pub async fn new(
+        cfg: &NetConfig,
+        ext: &External,
+        previous: Option<&LeaseAttrs>,
+    ) -> Result<Datapath, String> {
+        let mode = mode::mode(cfg).map_err(|e| e.to_string())?;
+        let conn = Conn::open().map_err(|e| e.to_string())?;
+        let vxlan = match &mode {
+            Mode::Vxlan(p) => Some(p.clone()),
+            _ => None,
+        };
+        let mtu = match &vxlan {
+            Some(p) => {
+                let base = p.mtu.unwrap_or(ext.mtu);
+                let overhead = if cfg.ipv6.is_some() && cfg.ipv4.is_none() {
+                    VXLAN_OVERHEAD_V6
+                } else {
+                    VXLAN_OVERHEAD_V4
+                };
+                base.saturating_sub(overhead)
+            }
+            None => ext.mtu,
+        };
+        if mode == Mode::HostGw {
+            if cfg.ipv4.is_some() && ext.public_ip != ext.iface_ip {
+                return Err(format!(
+                    "host-gw needs the public address to be the external interface's: --public-ip {} is not an address of {}",
+                    ext.public_ip.map(|a| a.to_string()).unwrap_or_default(),
+                    ext.name
+                ));
+            }
+            if cfg.ipv6.is_some() && ext.public_ipv6 != ext.iface_ipv6 {
+                return Err(format!(
+                    "host-gw needs the public address to be the external interface's: --public-ipv6 {} is not an address of {}",
+                    ext.public_ipv6.map(|a| a.to_string()).unwrap_or_default(),
+                    ext.name
+                ));
+            }
+        }
+        let mut dp = Datapath {
+            conn,
+            local: Local {
+                mode,
+                backend_type: cfg.backend_type.clone(),
+                own: SubnetKey {
+                    ipv4: None,
+                    ipv6: None,
+                },
+                network4: cfg.ipv4.map(|f| f.network),
+                network6: cfg.ipv6.map(|f| f.network),
+                ext_index: ext.index,
+                ext_nets: ext.addrs.clone(),
+                dev4: None,
+                dev6: None,
+            },
+            vxlan,
+            ext: ext.clone(),
+            mtu,
+            vtep4: None,
+            vtep6: None,
+        };
+        if let Some(p) = dp.vxlan.clone() {
+            // The VtepMAC is chosen once: the existing device's, else the one in this node's
+            // lease from before, else a new one.
+            for v6 in [false, true] {
+                let wanted = if v6 {
+                    cfg.ipv6.is_some()
+                } else {
+                    cfg.ipv4.is_some()
+                };
+                if !wanted {
+                    continue;
+                }
+                let name = device_name(v6, p.vni);
+                let existing = dp
+                    .conn
+                    .link_by_name(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|l| l.is_vxlan() && dp.spec(v6, None).differences(l).is_empty())
+                    .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
+                let from_lease = previous.and_then(|a| {
+                    desired::vtep_mac(if v6 {
+                        a.backend_v6_data.as_deref()
+                    } else {
+                        a.backend_data.as_deref()
+                    })
+                });
+                let mac = existing.or(from_lease).unwrap_or_else(random_mac);
+                if v6 {
+                    dp.vtep6 = Some(mac);
+                } else {
+                    dp.vtep4 = Some(mac);
+                }
+            }
+            dp.ensure_devices().await?;
+        }
+        Ok(dp)
+    }
+
+    fn spec(&self, v6: bool, mac: Option<[u8; 6]>) -> VxlanSpec {
+        let p = self.vxlan.clone().unwrap_or(VxlanParams {
+            vni: 1,
+            port: 8472,
+            mtu: None,
+            gbp: false,
+            learning: false,
+            direct_routing: false,
+        });
+        let local: Option<IpAddr> = if v6 {
+            self.ext.iface_ipv6.or(self.ext.public_ipv6).map(IpAddr::V6)
+        } else {
+            self.ext.iface_ip.or(self.ext.public_ip).map(IpAddr::V4)
+        };
+        VxlanSpec {
+            name: device_name(v6, p.vni),
+            vxlan: Vxlan {
+                vni: p.vni,
+                port: p.port,
+                local,
+                device: Some(self.ext.index),
+                learning: p.learning,
+                gbp: p.gbp,
+            },
+            mtu: Some(self.mtu),
+            mac,
+        }
+    }
+
+    /// The devices as they must be; whether anything changed.
+    async fn ensure_devices(&mut self) -> Result<bool, String> {
+        let mut changed = false;
+        for (v6, mac) in [(false, self.vtep4), (true, self.vtep6)] {
+            let Some(mac) = mac else { continue };
+            let spec = self.spec(v6, Some(mac));
+            let (link, c) = self
+                .conn
+                .ensure_vxlan(&spec)
+                .await
+                .map_err(|e| e.to_string())?;
+            if c {
+                info!(
+                    "vxlan device {} made or mended (VNI {}, VtepMAC {})",
+                    spec.name,
+                    spec.vxlan.vni,
+                    format_mac(&mac)
+                );
+                // Router advertisements must not give the device addresses of their own.
+                if let Err(e) = procsys::set(Proto::Ipv6, &spec.name, "accept_ra", "0") {
+                    debug!("{e}");
+                }
+            }
+            changed |= c;
+            let own = if v6 {
+                self.local.own.ipv6.map(IpNetwork::V6)
+            } else {
+                self.local.own.ipv4.map(IpNetwork::V4)
+            };
+            if let Some(own) = own {
+                let want = IpNetwork::new(own.network(), if v6 { 128 } else { 32 })
+                    .map_err(|e| e.to_string())?;
+                let have = self
+                    .conn
+                    .addresses(link.index)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                for stale in have.iter().filter(|a| **a != want && a.is_ipv4() != v6) {
+                    // An address from another subnet (an earlier lease) would answer for it.
+                    if self
+                        .conn
+                        .del_address(link.index, *stale)
+                        .await
+                        .map_err(|e| e.to_string())?
+                    {
+                        info!("removed stale address {stale} from {}", spec.name);
+                        changed = true;
+                    }
+                }
+                if !have.contains(&want) {
+                    self.conn
+                        .add_address(link.index, want)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    changed = true;
+                }
+            }
+            if !link.up {
+                self.conn
+                    .set_up(link.index, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                changed = true;
+            }
+            if v6 {
+                self.local.dev6 = Some(link.index);
+            } else {
+                self.local.dev4 = Some(link.index);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// `BackendData` of this node's lease.
+    pub fn backend_data(&self) -> Option<Box<RawValue>> {
+        self.data(self.vtep4)
+    }
+
+    pub fn backend_v6_data(&self) -> Option<Box<RawValue>> {
+        self.data(self.vtep6)
+    }
+
+    fn data(&self, mac: Option<[u8; 6]>) -> Option<Box<RawValue>> {
+        let vni = self.vxlan.as_ref()?.vni;
+        RawValue::from_string(format!(
+            r#"{{"VNI":{vni},"VtepMAC":"{}"}}"#,
+            format_mac(&mac?)
+        ))
+        .ok()
+    }
+
+    /// FLANNEL_MTU.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// This node's lease is held: its subnet goes onto the devices.
+    pub async fn set_own(&mut self, own: SubnetKey) -> Result<(), String> {
+        self.local.own = own;
+        if self.vxlan.is_some() {
+            self.ensure_devices().await?;
+        }
+        Ok(())
+    }
+
+    async fn actual(&self) -> Result<Entries, String> {
+        let mut have = Entries {
+            routes: Vec::new(),
+            neighbours: Vec::new(),
+            fdb: Vec::new(),
+        };
+        have.routes = self
+            .conn
+            .routes()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|r| owns_route(&self.local, r))
+            .collect();
+        for dev in [self.local.dev4, self.local.dev6].into_iter().flatten() {
+            have.neighbours.extend(
+                self.conn
+                    .neighbours(dev)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .filter(|n| n.permanent),
+            );
+            have.fdb.extend(
+                self.conn
+                    .fdb(dev)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .filter(|f| f.dst.is_some()),
+            );
+        }
+        Ok(have)
+    }
+
+    /// One pass: the devices, then every entry the leases call for; returns what changed.
+    pub async fn reconcile(&mut self, others: &[Lease]) -> Result<Changes, String> {
+        let mut changes = Changes::default();
+        if self.vxlan.is_some() {
+            changes.device = self.ensure_devices().await?;
+        }
+        let want = desired::desired(&self.local, others);
+        for (key, why) in &want.skipped {
+            debug!("lease {key} gives no entry: {why}");
+        }
+        let have = self.actual().await?;
+        let plan = diff(&want.entries, &have);
+        if plan.is_empty() {
+            return Ok(changes);
+        }
+        self.apply(&plan).await;
+        changes.put = (
+            plan.put.routes.len(),
+            plan.put.neighbours.len(),
+            plan.put.fdb.len(),
+        );
+        changes.removed = (
+            plan.remove.routes.len(),
+            plan.remove.neighbours.len(),
+            plan.remove.fdb.len(),
+        );
+        Ok(changes)
+    }
+
+    /// Writes a plan in batches; an entry the kernel refuses is logged and the rest written.
+    async fn apply(&self, plan: &Plan) {
+        let c = &self.conn;
+        if !plan.remove.routes.is_empty() && c.delete_routes(&plan.remove.routes).await.is_err() {
+            for r in &plan.remove.routes {
+                if let Err(e) = c.delete_route(r).await {
+                    warn!("removing route to {}: {e}", r.dst);
+                }
+            }
+        }
+        for n in &plan.remove.neighbours {
+            if let Err(e) = c.delete_neighbour(n.device, n.ip).await {
+                warn!("removing neighbour {}: {e}", n.ip);
+            }
+        }
+        for f in &plan.remove.fdb {
+            if let Err(e) = c.delete_fdb(f).await {
+                warn!("removing FDB entry {}: {e}", format_mac(&f.mac));
+            }
+        }
+        // Per node: its neighbour, its FDB entry, then the route that uses them.
+        if !plan.put.neighbours.is_empty()
+            && c.replace_neighbours(&plan.put.neighbours).await.is_err()
+        {
+            for n in &plan.put.neighbours {
+                if let Err(e) = c.replace_neighbour(n).await {
+                    warn!("writing neighbour {}: {e}", n.ip);
+                }
+            }
+        }
+        if !plan.put.fdb.is_empty() && c.add_fdbs(&plan.put.fdb).await.is_err() {
+            for f in &plan.put.fdb {
+                if let Err(e) = c.add_fdb(f).await {
+                    warn!("writing FDB entry {}: {e}", format_mac(&f.mac));
+                }
+            }
+        }
+        if !plan.put.routes.is_empty() && c.replace_routes(&plan.put.routes).await.is_err() {
+            for r in &plan.put.routes {
+                if let Err(e) = c.replace_route(r).await {
+                    warn!("writing route to {}: {e}", r.dst);
+                }
+            }
+        }
+    }
+
+    /// Whether a netlink notification concerns what this datapath owns.
+    fn concerns(&self, ev: &NlEvent) -> bool {
+        let ours = |i: u32| {
+            i == self.local.ext_index || Some(i) == self.local.dev4 || Some(i) == self.local.dev6
+        };
+        match ev {
+            NlEvent::Link { link, .. } => {
+                ours(link.index)
+                    || self.vxlan.as_ref().is_some_and(|p| {
+                        link.name == device_name(false, p.vni)
+                            || link.name == device_name(true, p.vni)
+                    })
+            }
+            NlEvent::Address { index, .. } => ours(*index),
+            NlEvent::Route { route, .. } => {
+                owns_route(&self.local, route) || route.oif.is_some_and(ours)
+            }
+            NlEvent::Neighbour { neighbour, .. } => ours(neighbour.device),
+            NlEvent::Fdb { entry, .. } => ours(entry.device),
+        }
+    }
+
+    /// Follows the lease events until they end, reconciling on each batch, on each relevant
+    /// netlink notification and every `RESYNC`.
+    pub async fn run(mut self, mut events: mpsc::Receiver<Vec<Event>>) {
+        let mut others: BTreeMap<SubnetKey, Lease> = BTreeMap::new();
+        let mut notes = if self.local.mode == Mode::Alloc {
+            None
+        } else {
+            match Events::subscribe() {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    warn!("{e}: repairs wait for the {RESYNC:?} timer");
+                    None
+                }
+            }
+        };
+        let mut timer = tokio::time::interval(RESYNC);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let apply_batch = |others: &mut BTreeMap<SubnetKey, Lease>, batch: Vec<Event>| {
+            for e in batch {
+                match e {
+                    Event::Added(l) => {
+                        others.insert(l.key, l);
+                    }
+                    Event::Removed(l) => {
+                        others.remove(&l.key);
+                    }
+                }
+            }
+        };
+        loop {
+            // Wait for a reason to look.
+            tokio::select! {
+                b = events.recv() => match b {
+                    Some(b) => apply_batch(&mut others, b),
+                    None => return,
+                },
+                n = next_note(&mut notes) => {
+                    if !n.is_some_and(|n| self.concerns(&n)) {
+                        continue;
+                    }
+                }
+                _ = timer.tick() => {}
+            }
+            // Gather what else arrives meanwhile into the same pass.
+            let settle = tokio::time::sleep(SETTLE);
+            tokio::pin!(settle);
+            loop {
+                tokio::select! {
+                    b = events.recv() => match b {
+                        Some(b) => apply_batch(&mut others, b),
+                        None => return,
+                    },
+                    _ = next_note(&mut notes) => {}
+                    _ = &mut settle => break,
+                }
+            }
+            let leases: Vec<Lease> = others.values().cloned().collect();
+            match self.reconcile(&leases).await {
+                Ok(c) if c.any() => info!(
+                    "datapath: {} leases; wrote {} routes, {} neighbours, {} FDB entries; removed {} routes, {} neighbours, {} FDB entries{}",
+                    leases.len(),
+                    c.put.0,
+                    c.put.1,
+                    c.put.2,
+                    c.removed.0,
+                    c.removed.1,
+                    c.removed.2,
+                    if c.device { "; device mended" } else { "" }
+                ),
+                Ok(_) => {}
+                Err(e) => warn!("datapath: {e}; trying again"),
+            }
+        }
+    }
+}
+
+async fn next_note(notes: &mut Option<Events>) -> Option<NlEvent> {
+    match notes {
+        Some(n) => n.next().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,322 @@
+//! The datapath between two nodes on one link, each a namespace running flanneld over a shared
+//! registry directory: what the kernel holds for the other node, traffic across it, and the
+//! reconciler putting back what is taken away.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+/// Repairs of routes, neighbours and FDB entries must land within this.
+const REPAIR: Duration = Duration::from_secs(2);
+
+struct Pair {
+    a: Node,
+    b: Node,
+    da: Daemon,
+    db: Daemon,
+    /// The subnets' network addresses (the vxlan devices' addresses).
+    net_a: String,
+    net_b: String,
+    sub_b: String,
+}
+
+fn start(node: &Node, reg: &str, name: &str) -> Daemon {
+    Daemon::start(node, name, &["--registry-dir", reg, "--iface", "eth0"], &[])
+}
+
+fn network_address(subnet: &str) -> String {
+    key_of(subnet)
+        .split('-')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn pair(prefix: &str, backend: &str) -> Pair {
+    let (a, b) = Node::pair(prefix);
+    let reg = a.path("registry");
+    fs::create_dir_all(&reg).unwrap();
+    fs::write(
+        reg.join("config"),
+        format!(r#"{{"Network":"10.9.0.0/16","Backend":{backend}}}"#),
+    )
+    .unwrap();
+    let reg = reg.display().to_string();
+    let da = start(&a, &reg, "a");
+    let db = start(&b, &reg, "b");
+    let (sa, sb) = (da.subnet(T), db.subnet(T));
+    Pair {
+        net_a: network_address(&sa),
+        net_b: network_address(&sb),
+        sub_b: key_of(&sb).replace('-', "/"),
+        a,
+        b,
+        da,
+        db,
+    }
+}
+
+fn has(node: &Node, args: &[&str], needle: &str) -> bool {
+    node.ns.run(args[0], &args[1..]).contains(needle)
+}
+
+fn wait_has(node: &Node, args: &[&str], needle: &str, timeout: Duration) {
+    wait_for(
+        &format!("{needle:?} in `{}` of {}", args.join(" "), node.ns.name()),
+        timeout,
+        || has(node, args, needle).then_some(()),
+    );
+}
+
+fn ping(node: &Node, from: &str, to: &str) -> bool {
+    node.ns
+        .try_run("busybox", &["ping", "-c", "1", "-W", "1", "-I", from, to])
+        .status
+        .success()
+}
+
+/// The kernel state a restart must not change.
+fn snapshot(node: &Node) -> String {
+    [
+        node.ns.run("ip", &["route", "show"]),
+        node.ns.run("ip", &["neigh", "show", "dev", "flannel.1"]),
+        node.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]),
+        node.ns.run("ip", &["-d", "link", "show", "flannel.1"]),
+        node.ns.run("ip", &["-4", "addr", "show", "flannel.1"]),
+    ]
+    .join("\n")
+}
+
+#[test]
+fn vxlan_programs_each_peer_and_carries_traffic() {
+    let p = pair("fva", r#"{"Type":"vxlan"}"#);
+    let env = fs::read_to_string(&p.da.subnet_file).unwrap();
+    assert!(env.contains("FLANNEL_MTU=1450\n"), "{env}");
+    let dev = p.a.ns.run("ip", &["-d", "link", "show", "flannel.1"]);
+    for want in [
+        "mtu 1450",
+        "vxlan id 1",
+        "local 192.168.100.1",
+        "dev eth0",
+        "dstport 8472",
+        "nolearning",
+    ] {
+        assert!(dev.contains(want), "{want} not in {dev}");
+    }
+    assert!(has(
+        &p.a,
+        &["ip", "addr", "show", "flannel.1"],
+        &format!("inet {}/32", p.net_a)
+    ));
+    // The lease announces the device's MAC.
+    let mac =
+        p.b.ns
+            .link("flannel.1")
+            .and_then(|l| l["address"].as_str().map(str::to_string));
+    let lease_file =
+        p.a.path(&format!("registry/subnets/{}", p.sub_b.replace('/', "-")));
+    let lease = fs::read_to_string(lease_file).unwrap();
+    let announced = format!(
+        r#""BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{}"}}"#,
+        mac.unwrap_or_default()
+    );
+    assert!(lease.contains(&announced), "{lease}");
+    wait_has(
+        &p.a,
+        &["ip", "route", "show"],
+        &format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b),
+        T,
+    );
+    wait_has(
+        &p.a,
+        &["ip", "neigh", "show", "dev", "flannel.1"],
+        &format!("{} lladdr", p.net_b),
+        T,
+    );
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        T,
+    );
+    assert!(has(
+        &p.a,
+        &["ip", "neigh", "show", "dev", "flannel.1"],
+        "PERMANENT"
+    ));
+    // Through the overlay: device address to device address.
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+}
+
+#[test]
+fn vxlan_puts_back_what_is_deleted_by_hand() {
+    let p = pair("fvr", r#"{"Type":"vxlan"}"#);
+    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        T,
+    );
+    p.a.ns.ip(&["route", "del", &p.sub_b]);
+    wait_has(&p.a, &["ip", "route", "show"], &route, REPAIR);
+    p.a.ns.ip(&["neigh", "del", &p.net_b, "dev", "flannel.1"]);
+    wait_has(
+        &p.a,
+        &["ip", "neigh", "show", "dev", "flannel.1"],
+        &format!("{} lladdr", p.net_b),
+        REPAIR,
+    );
+    let fdb = p.a.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
+    let mac = fdb
+        .lines()
+        .find(|l| l.contains("dst 192.168.100.2"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    p.a.ns.run(
+        "bridge",
+        &[
+            "fdb",
+            "del",
+            &mac,
+            "dev",
+            "flannel.1",
+            "dst",
+            "192.168.100.2",
+        ],
+    );
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        REPAIR,
+    );
+    // The device itself (flannel-io/flannel#869, #2247): made again with every peer.
+    p.a.ns.ip(&["link", "del", "flannel.1"]);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        T,
+    );
+    wait_has(
+        &p.a,
+        &["ip", "addr", "show", "flannel.1"],
+        &format!("inet {}/32", p.net_a),
+        T,
+    );
+    wait_for("a ping across vxlan after the repair", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    // The external interface down and up (#1070, #1434).
+    p.b.ns.ip(&["link", "set", "eth0", "down"]);
+    p.b.ns.ip(&["link", "set", "eth0", "up"]);
+    p.b.ns.ip(&[
+        "route",
+        "replace",
+        "default",
+        "via",
+        "192.168.100.254",
+        "dev",
+        "eth0",
+        "onlink",
+    ]);
+    wait_for("a ping across vxlan after eth0 went down and up", T, || {
+        ping(&p.b, &p.net_b, &p.net_a).then_some(())
+    });
+}
+
+#[test]
+fn a_restart_changes_nothing_and_a_stale_route_is_removed() {
+    let mut p = pair("fvs", r#"{"Type":"vxlan"}"#);
+    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        T,
+    );
+    let before = snapshot(&p.a);
+    assert_eq!(p.da.stop().code(), Some(0));
+    // A route for a subnet nobody leases, left from some earlier life.
+    p.a.ns.ip(&[
+        "route",
+        "add",
+        "10.9.250.0/24",
+        "via",
+        "10.9.250.0",
+        "dev",
+        "flannel.1",
+        "onlink",
+    ]);
+    let reg = p.a.path("registry").display().to_string();
+    p.da = start(&p.a, &reg, "a");
+    p.da.wait_log("wrote", T);
+    wait_for("the stale route to go", T, || {
+        (!has(&p.a, &["ip", "route", "show"], "10.9.250.0/24")).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(snapshot(&p.a), before);
+    assert!(
+        !p.da.log_text().contains("device mended"),
+        "{}",
+        p.da.log_text()
+    );
+}
+
+#[test]
+fn a_peer_that_leaves_is_removed() {
+    let mut p = pair("fvl", r#"{"Type":"vxlan"}"#);
+    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    p.db.stop();
+    fs::remove_file(p.a.path(&format!("registry/subnets/{}", p.sub_b.replace('/', "-")))).unwrap();
+    wait_for("b's route to leave a", T, || {
+        (!has(&p.a, &["ip", "route", "show"], &p.sub_b)).then_some(())
+    });
+    assert!(!has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "192.168.100.2"
+    ));
+    assert!(!has(
+        &p.a,
+        &["ip", "neigh", "show", "dev", "flannel.1"],
+        &p.net_b
+    ));
+}
+
+#[test]
+fn host_gw_routes_via_the_peer_and_direct_routing_does_too() {
+    for (prefix, backend) in [
+        ("fvh", r#"{"Type":"host-gw"}"#),
+        ("fvd", r#"{"Type":"vxlan","DirectRouting":true}"#),
+    ] {
+        let p = pair(prefix, backend);
+        let route = format!("{} via 192.168.100.2 dev eth0", p.sub_b);
+        wait_has(&p.a, &["ip", "route", "show"], &route, T);
+        // An address of b's subnet on b answers through that route.
+        let b_addr = p.net_b.replace(".0", ".1");
+        let b_addr = match b_addr.rsplit_once('.') {
+            Some((head, _)) => format!("{head}.1"),
+            None => b_addr,
+        };
+        p.b.ns
+            .ip(&["addr", "add", &format!("{b_addr}/32"), "dev", "lo"]);
+        wait_for("a ping to b's subnet", T, || {
+            ping(&p.a, "192.168.100.1", &b_addr).then_some(())
+        });
+        p.a.ns.ip(&["route", "del", &p.sub_b]);
+        wait_has(&p.a, &["ip", "route", "show"], &route, REPAIR);
+        let _ = &p.db;
+    }
+}
