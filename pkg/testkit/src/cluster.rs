@@ -1,0 +1,758 @@
+//! Several nodes on one machine: an "underlay" namespace holding a bridge, and per node a
+//! namespace whose `eth0` is a veth onto that bridge (192.168.<net>.<n>/24, default route via
+//! the underlay's 192.168.<net>.254, IP forwarding on). Optionally a real etcd runs in the
+//! underlay on the bridge's address, a remote server for every node. flanneld runs in a node
+//! with its own subnet.env and log; pods are made through the real plugins with the stock
+//! flannel conflist. Everything is unique-named and removed on drop: processes killed first,
+//! then namespaces deleted, then the temporary directory.
+
+use crate::{bin_dir, conflist, Invocation, TestNs};
+use serde_json::{Map, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The underlay's own address on the bridge: the nodes' default gateway and etcd's address.
+const UNDERLAY_HOST: u8 = 254;
+/// etcd's key prefix, flannel's default.
+pub const ETCD_PREFIX: &str = "/coreos.com/network";
+/// Debian's etcd-server.
+pub const ETCD: &str = "/usr/bin/etcd";
+
+/// Polls `f` until it returns Some, or panics after `timeout` saying what it waited for.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("gave up after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Where the nodes keep their leases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registry {
+    /// flanneld's embedded registry: one directory shared by every node's daemon.
+    Embedded,
+    /// A real etcd in the underlay namespace, reached over the bridge.
+    Etcd,
+}
+
+/// The subnet key (`10.5.3.0-24`) of an address with its prefix (`10.5.3.1/24`).
+pub fn subnet_key(cidr: &str) -> String {
+    let (ip, len) = cidr
+        .split_once('/')
+        .unwrap_or_else(|| panic!("{cidr:?} is not addr/len"));
+    let ip: std::net::Ipv4Addr = ip
+        .parse()
+        .unwrap_or_else(|e| panic!("{ip:?} in {cidr:?}: {e}"));
+    let len: u32 = len
+        .parse()
+        .unwrap_or_else(|e| panic!("{len:?} in {cidr:?}: {e}"));
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    format!("{}-{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask))
+}
+
+/// A child process killed (and reaped) on drop.
+struct Process {
+    child: Option<Child>,
+}
+
+impl Process {
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One machine of the cluster.
+pub struct Node {
+    /// 1-based; the last byte of the node's address and part of its file names.
+    pub index: u8,
+    pub ns: TestNs,
+    /// The address of `eth0`, the node's public IP.
+    pub ip: String,
+    /// The node's own files: subnet.env, flanneld's log, the plugins' data directories.
+    pub dir: PathBuf,
+    daemon: Option<Process>,
+}
+
+impl Node {
+    pub fn subnet_file(&self) -> PathBuf {
+        self.dir.join("subnet.env")
+    }
+
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.join("flanneld.log")
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_file()).unwrap_or_default()
+    }
+
+    /// Waits until flanneld's log holds `needle`; panics with the log when it does not.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.log().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "gave up after {timeout:?} waiting for {needle:?} in node {}'s flanneld log {}:\n{}",
+            self.index,
+            self.log_file().display(),
+            self.log()
+        );
+    }
+
+    /// subnet.env once flanneld has written it.
+    pub fn wait_subnet_env(&self, timeout: Duration) -> String {
+        let file = self.subnet_file();
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(t) = fs::read_to_string(&file) {
+                if t.contains("FLANNEL_SUBNET=") {
+                    return t;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "gave up after {timeout:?} waiting for node {}'s {}; flanneld log:\n{}",
+            self.index,
+            file.display(),
+            self.log()
+        );
+    }
+
+    /// One variable of subnet.env (waiting for the file), e.g. `FLANNEL_SUBNET`.
+    pub fn subnet_env(&self, key: &str, timeout: Duration) -> String {
+        let env = self.wait_subnet_env(timeout);
+        env.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {key} in node {}'s subnet.env:\n{env}", self.index))
+            .to_string()
+    }
+
+    /// The key of this node's lease (`10.5.3.0-24`).
+    pub fn lease_key(&self, timeout: Duration) -> String {
+        subnet_key(&self.subnet_env("FLANNEL_SUBNET", timeout))
+    }
+
+    /// `ip route` in the node.
+    pub fn routes(&self) -> String {
+        self.ns.ip(&["route", "show"])
+    }
+
+    /// `ip neigh` in the node (all devices, permanent entries included).
+    pub fn neighbours(&self) -> String {
+        self.ns.ip(&["neigh", "show"])
+    }
+
+    /// `bridge fdb` entries on the node's vxlan devices (empty when there are none).
+    pub fn fdb(&self) -> String {
+        let links = self.ns.ip(&["-o", "link", "show", "type", "vxlan"]);
+        links
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|dev| dev.split('@').next().unwrap_or(dev))
+            .map(|dev| self.ns.run("bridge", &["fdb", "show", "dev", dev]))
+            .collect()
+    }
+}
+
+/// A pod: its namespace, made through the conflist on one node.
+pub struct Pod {
+    pub ns: TestNs,
+    /// 1-based index of the node it runs on.
+    pub node: u8,
+    pub container_id: String,
+    /// Its address on `eth0`, without the prefix length.
+    pub ip: String,
+    /// The conflist's result.
+    pub result: Value,
+    servers: Vec<Process>,
+}
+
+impl Pod {
+    /// Does one ping to `ip` get an answer within `wait_s` seconds?
+    pub fn ping(&self, ip: &str, wait_s: u32) -> bool {
+        self.ns
+            .try_run(
+                "busybox",
+                &["ping", "-c", "1", "-W", &wait_s.to_string(), ip],
+            )
+            .status
+            .success()
+    }
+
+    /// Serves `reply` to every TCP connection on `port` until the pod is dropped.
+    pub fn serve_tcp(&mut self, port: u16, reply: &str) {
+        let child = self
+            .ns
+            .command("socat")
+            .arg(format!("TCP4-LISTEN:{port},fork,reuseaddr"))
+            .arg(format!("SYSTEM:echo {reply}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting socat in {}: {e}", self.ns.name()));
+        self.servers.push(Process { child: Some(child) });
+        wait_for(
+            &format!("socat to listen on port {port} in {}", self.ns.name()),
+            Duration::from_secs(10),
+            || {
+                let out = self.ns.run("ss", &["-Htln", &format!("sport = :{port}")]);
+                (!out.trim().is_empty()).then_some(())
+            },
+        );
+    }
+
+    /// What a TCP connection to `ip:port` reads (connecting for at most 3 s), or None.
+    pub fn tcp_read(&self, ip: &str, port: u16) -> Option<String> {
+        let out: Output = self.ns.try_run(
+            "socat",
+            &[
+                "-T",
+                "3",
+                "-u",
+                &format!("TCP4:{ip}:{port},connect-timeout=3"),
+                "STDOUT",
+            ],
+        );
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// The MTU of the pod's `eth0`.
+    pub fn mtu(&self) -> u64 {
+        self.ns
+            .link("eth0")
+            .and_then(|l| l["mtu"].as_u64())
+            .unwrap_or_else(|| panic!("no eth0 with an MTU in pod {}", self.ns.name()))
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            s.kill();
+        }
+    }
+}
+
+/// A real etcd in the underlay namespace.
+struct Etcd {
+    process: Process,
+    url: String,
+}
+
+/// Nodes on one underlay bridge, optionally an etcd, flanneld per node, pods per node.
+/// Fields drop in this order: pods, nodes (their daemons die first), etcd, underlay, files.
+pub struct Cluster {
+    pods: Vec<Pod>,
+    nodes: Vec<Node>,
+    etcd: Option<Etcd>,
+    pub underlay: TestNs,
+    prefix: String,
+    net: u8,
+    registry: Registry,
+    network_config: String,
+    plugins: PathBuf,
+    conflist: Value,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// `nodes` nodes on 192.168.<net>.0/24, leases in `registry` under `network_config`
+    /// (flannel's net-conf.json, e.g. `{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}`).
+    /// Namespace names start with `prefix`. With `Registry::Etcd`, etcd is running and holds
+    /// the config when this returns; with `Registry::Embedded`, the shared directory does.
+    pub fn new(
+        prefix: &str,
+        net: u8,
+        nodes: u8,
+        registry: Registry,
+        network_config: &str,
+    ) -> Cluster {
+        let underlay = TestNs::new(&format!("{prefix}u"));
+        underlay.ip(&["link", "add", "br0", "type", "bridge"]);
+        underlay.ip(&[
+            "addr",
+            "add",
+            &format!("192.168.{net}.{UNDERLAY_HOST}/24"),
+            "dev",
+            "br0",
+        ]);
+        underlay.ip(&["link", "set", "br0", "up"]);
+        let conflist_path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/10-flannel.conflist");
+        let conflist: Value = serde_json::from_str(
+            &fs::read_to_string(&conflist_path)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", conflist_path.display())),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", conflist_path.display()));
+        let mut c = Cluster {
+            pods: Vec::new(),
+            nodes: Vec::new(),
+            etcd: None,
+            underlay,
+            prefix: prefix.to_string(),
+            net,
+            registry,
+            network_config: network_config.to_string(),
+            plugins: bin_dir(),
+            conflist,
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        };
+        match registry {
+            Registry::Embedded => {
+                let reg = c.registry_dir();
+                fs::create_dir_all(&reg)
+                    .unwrap_or_else(|e| panic!("creating {}: {e}", reg.display()));
+                fs::write(reg.join("config"), network_config)
+                    .unwrap_or_else(|e| panic!("writing {}/config: {e}", reg.display()));
+            }
+            Registry::Etcd => {
+                c.start_etcd();
+                c.etcdctl(&[
+                    "put",
+                    &format!("{ETCD_PREFIX}/config"),
+                    "--",
+                    network_config,
+                ]);
+            }
+        }
+        for _ in 0..nodes {
+            c.add_node();
+        }
+        c
+    }
+
+    /// Takes the plugins from `dir` instead of the workspace's build directory.
+    pub fn plugins_from(mut self, dir: &Path) -> Cluster {
+        self.plugins = dir.to_path_buf();
+        self
+    }
+
+    pub fn registry(&self) -> Registry {
+        self.registry
+    }
+
+    pub fn network_config(&self) -> &str {
+        &self.network_config
+    }
+
+    /// The embedded registry's shared directory.
+    pub fn registry_dir(&self) -> PathBuf {
+        self.dir.path().join("registry")
+    }
+
+    /// etcd's client URL, as the nodes reach it.
+    pub fn etcd_url(&self) -> Option<&str> {
+        self.etcd.as_ref().map(|e| e.url.as_str())
+    }
+
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Node `index` (1-based).
+    pub fn node(&self, index: u8) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.index == index)
+            .unwrap_or_else(|| panic!("no node {index} in the cluster"))
+    }
+
+    fn node_mut(&mut self, index: u8) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.index == index)
+            .unwrap_or_else(|| panic!("no node {index} in the cluster"))
+    }
+
+    pub fn pods(&self) -> &[Pod] {
+        &self.pods
+    }
+
+    pub fn pod_mut(&mut self, i: usize) -> &mut Pod {
+        &mut self.pods[i]
+    }
+
+    fn start_etcd(&mut self) {
+        assert!(
+            Path::new(ETCD).exists(),
+            "{ETCD} is missing: scripts/deps.sh tests installs Debian's etcd-server"
+        );
+        let host = format!("192.168.{}.{UNDERLAY_HOST}", self.net);
+        let url = format!("http://{host}:2379");
+        let data = self.dir.path().join("etcd-data");
+        let log = self.dir.path().join("etcd.log");
+        let log_file =
+            fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let child = self
+            .underlay
+            .command(ETCD)
+            .args(["--name", "underlay", "--data-dir"])
+            .arg(&data)
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "underlay=http://127.0.0.1:2380",
+                "--log-level",
+                "warn",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {ETCD} in {}: {e}", self.underlay.name()));
+        self.etcd = Some(Etcd {
+            process: Process { child: Some(child) },
+            url,
+        });
+        wait_for(
+            &format!(
+                "etcd to answer on {host}:2379 in the underlay (log {})",
+                log.display()
+            ),
+            Duration::from_secs(30),
+            || {
+                self.try_etcdctl(&["endpoint", "health"])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+    }
+
+    fn try_etcdctl(&self, args: &[&str]) -> Output {
+        let url = self.etcd_url().expect("this cluster has no etcd");
+        self.underlay
+            .command("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(url)
+            .arg("--command-timeout=5s")
+            .args(args)
+            .output()
+            .expect("running etcdctl")
+    }
+
+    /// etcdctl against the underlay's etcd; its stdout, panicking when it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let out = self.try_etcdctl(args);
+        assert!(
+            out.status.success(),
+            "etcdctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Adds a node joined to the underlay; returns its index.
+    pub fn add_node(&mut self) -> u8 {
+        let index = self.nodes.iter().map(|n| n.index).max().unwrap_or(0) + 1;
+        assert!(index < UNDERLAY_HOST, "too many nodes");
+        let ns = TestNs::new(&format!("{}n{index}", self.prefix));
+        let port = format!("n{index}");
+        let ip = format!("192.168.{}.{index}", self.net);
+        self.underlay.ip(&[
+            "link",
+            "add",
+            &port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &ns.path_str(),
+        ]);
+        self.underlay
+            .ip(&["link", "set", &port, "master", "br0", "up"]);
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &format!("192.168.{}.{UNDERLAY_HOST}", self.net),
+            "dev",
+            "eth0",
+        ]);
+        ns.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+        let dir = self.dir.path().join(format!("node{index}"));
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        self.nodes.push(Node {
+            index,
+            ns,
+            ip,
+            dir,
+            daemon: None,
+        });
+        index
+    }
+
+    /// The arguments flanneld gets on node `index`, before `extra`.
+    pub fn flanneld_args(&self, index: u8) -> Vec<String> {
+        let node = self.node(index);
+        let mut args: Vec<String> = match self.registry {
+            Registry::Embedded => vec![
+                "--registry-dir".into(),
+                self.registry_dir().display().to_string(),
+            ],
+            Registry::Etcd => vec![
+                "--etcd-endpoints".into(),
+                self.etcd_url().unwrap_or_default().to_string(),
+            ],
+        };
+        args.extend([
+            "--iface".into(),
+            "eth0".into(),
+            "--subnet-file".into(),
+            node.subnet_file().display().to_string(),
+        ]);
+        args
+    }
+
+    /// Starts `flanneld` (the binary at that path) on node `index`, logging to the node's
+    /// flanneld.log; a daemon already running there is killed first.
+    pub fn start_flanneld(&mut self, index: u8, flanneld: &Path, extra: &[&str]) {
+        self.stop_flanneld(index);
+        let args = self.flanneld_args(index);
+        let node = self.node_mut(index);
+        let log = node.log_file();
+        let log_file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
+        let child = node
+            .ns
+            .command(flanneld)
+            .args(&args)
+            .args(extra)
+            .env_remove("NOTIFY_SOCKET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {} on node {index}: {e}", flanneld.display()));
+        node.daemon = Some(Process { child: Some(child) });
+    }
+
+    /// Is node `index`'s flanneld still running?
+    pub fn flanneld_running(&mut self, index: u8) -> bool {
+        self.node_mut(index)
+            .daemon
+            .as_mut()
+            .is_some_and(Process::running)
+    }
+
+    /// Kills node `index`'s flanneld (SIGKILL, as when the machine dies); its lease stays.
+    pub fn stop_flanneld(&mut self, index: u8) {
+        if let Some(mut d) = self.node_mut(index).daemon.take() {
+            d.kill();
+        }
+    }
+
+    /// Starts flanneld on every node and waits for each one's subnet.env.
+    pub fn start_flanneld_everywhere(&mut self, flanneld: &Path, timeout: Duration) {
+        let indices: Vec<u8> = self.nodes.iter().map(|n| n.index).collect();
+        for &i in &indices {
+            self.start_flanneld(i, flanneld, &[]);
+        }
+        for &i in &indices {
+            self.node(i).wait_subnet_env(timeout);
+        }
+    }
+
+    /// The lease keys the registry holds.
+    pub fn lease_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = match self.registry {
+            Registry::Embedded => fs::read_dir(self.registry_dir().join("subnets"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| !n.starts_with('.'))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Registry::Etcd => {
+                let prefix = format!("{ETCD_PREFIX}/subnets/");
+                self.etcdctl(&["get", "--keys-only", "--prefix", &prefix])
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(&prefix))
+                    .map(str::to_string)
+                    .collect()
+            }
+        };
+        keys.sort();
+        keys
+    }
+
+    /// Deletes a lease from the registry, as an operator (or its expiry) would.
+    pub fn delete_lease(&self, key: &str) {
+        match self.registry {
+            Registry::Embedded => {
+                let path = self.registry_dir().join("subnets").join(key);
+                fs::remove_file(&path)
+                    .unwrap_or_else(|e| panic!("removing {}: {e}", path.display()));
+            }
+            Registry::Etcd => {
+                let deleted = self.etcdctl(&["del", &format!("{ETCD_PREFIX}/subnets/{key}")]);
+                assert_eq!(deleted.trim(), "1", "etcd held no lease {key}");
+            }
+        }
+    }
+
+    /// A pod on node `index`: a namespace, then the conflist's ADD (flannel, which runs
+    /// bridge and host-local, then portmap) with the node's subnet.env and data directories.
+    /// Returns the pod's position in `pods()`.
+    pub fn add_pod(&mut self, index: u8) -> usize {
+        let node = self.node(index);
+        let ns = TestNs::new(&format!("{}p{index}", self.prefix));
+        for p in ["flannel", "bridge", "host-local", "portmap"] {
+            assert!(
+                self.plugins.join(p).exists(),
+                "no {p} in {}: build the plugins first (cargo build --workspace --bins)",
+                self.plugins.display()
+            );
+        }
+        let mut list = self.conflist.clone();
+        for plugin in list["plugins"].as_array_mut().into_iter().flatten() {
+            if plugin["type"] == "flannel" {
+                plugin["subnetFile"] = node.subnet_file().display().to_string().into();
+                plugin["dataDir"] = node.dir.join("flannel").display().to_string().into();
+                plugin["ipam"] =
+                    serde_json::json!({"dataDir": node.dir.join("networks").display().to_string()});
+            }
+        }
+        let container_id = crate::unique_name("c");
+        let base = Invocation::at(self.plugins.join("flannel"), "ADD")
+            .container_id(&container_id)
+            .netns(&ns.path_str())
+            .path(&self.plugins.display().to_string());
+        let result =
+            conflist::add(&list, &base, Some(&node.ns), &Map::new()).unwrap_or_else(|out| {
+                panic!(
+                    "pod ADD on node {index} failed: {}\nstderr: {}",
+                    out.stdout, out.stderr
+                )
+            });
+        let ip = result["ips"]
+            .as_array()
+            .and_then(|ips| ips.iter().find_map(|i| i["address"].as_str()))
+            .and_then(|a| a.split('/').next())
+            .unwrap_or_else(|| panic!("no address in the pod's result {result}"))
+            .to_string();
+        self.pods.push(Pod {
+            ns,
+            node: index,
+            container_id,
+            ip,
+            result,
+            servers: Vec::new(),
+        });
+        self.pods.len() - 1
+    }
+
+    /// Every ordered pair of pods (from, to) where one ping gets no answer within `wait_s`.
+    pub fn unreachable_pairs(&self, wait_s: u32) -> Vec<(usize, usize)> {
+        let mut bad = Vec::new();
+        for (i, from) in self.pods.iter().enumerate() {
+            for (j, to) in self.pods.iter().enumerate() {
+                if i != j && !from.ping(&to.ip, wait_s) {
+                    bad.push((i, j));
+                }
+            }
+        }
+        bad
+    }
+
+    /// A readable list of pod pairs: `pod 0 (node 1, 10.5.3.2) -> pod 2 (node 2, 10.5.7.2)`.
+    pub fn describe_pairs(&self, pairs: &[(usize, usize)]) -> String {
+        pairs
+            .iter()
+            .map(|&(i, j)| {
+                let (a, b) = (&self.pods[i], &self.pods[j]);
+                format!(
+                    "pod {i} (node {}, {}) -> pod {j} (node {}, {})",
+                    a.node, a.ip, b.node, b.ip
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every node's view, for a failure message: lease, routes, neighbours, FDB, log tail.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for n in &self.nodes {
+            let log = n.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            s += &format!(
+                "--- node {} ({}) subnet.env:\n{}routes:\n{}neighbours:\n{}fdb:\n{}flanneld log (last lines):\n{}\n",
+                n.index,
+                n.ip,
+                fs::read_to_string(n.subnet_file()).unwrap_or_default(),
+                n.routes(),
+                n.neighbours(),
+                n.fdb(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        s
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Processes first, so that no namespace outlives its name through a process in it.
+        for p in &mut self.pods {
+            for s in &mut p.servers {
+                s.kill();
+            }
+        }
+        for n in &mut self.nodes {
+            if let Some(mut d) = n.daemon.take() {
+                d.kill();
+            }
+        }
+        if let Some(e) = &mut self.etcd {
+            e.process.kill();
+        }
+    }
+}
