@@ -10,6 +10,7 @@ pub mod flags;
 pub mod health;
 pub mod iface;
 pub mod lease;
+pub mod masq;
 pub mod notify;
 pub mod registry;
 pub mod view;

@@ -1,0 +1,1166 @@
+//! `--ip-masq` and the FORWARD accept rules, in flannel's exact text so that an operator's
+//! tooling, and a switch back to flannel, find what they expect: iptables chains
+//! `FLANNEL-POSTRTG` (nat) and `FLANNEL-FWD` (filter), or with `EnableNFTables` the tables
+//! `flannel-ipv4` / `flannel-ipv6` with chains `postrtg` and `forward`.
+//!
+//! The rule text and the comparison with what the kernel holds are pure; [`ensure`],
+//! [`remove_other_mode`], [`remove_stale`] and [`keep`] read the rules through
+//! `cni_kernel::firewall` and write what is missing in one batch per tool.
+
+use cni_kernel::firewall::{Family, Iptables, Nftables, RuleTool};
+use cni_kernel::{Error, Result};
+use ipnetwork::{Ipv4Network, Ipv6Network};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const POSTRTG_CHAIN: &str = "FLANNEL-POSTRTG";
+pub const FWD_CHAIN: &str = "FLANNEL-FWD";
+pub const NFT_TABLE_V4: &str = "flannel-ipv4";
+pub const NFT_TABLE_V6: &str = "flannel-ipv6";
+
+/// kube-proxy's mark for packets it already masquerades.
+const KUBE_PROXY_MARK: &str = "0x4000/0x4000";
+const MASQ_COMMENT: &str = r#"-m comment --comment "flanneld masq""#;
+const FWD_COMMENT: &str = r#"-m comment --comment "flanneld forward""#;
+
+/// What the node's firewall should hold: the cluster network and this node's subnet per
+/// family, and the options from the command line and the network config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasqSpec {
+    /// (network, this node's subnet).
+    pub ipv4: Option<(Ipv4Network, Ipv4Network)>,
+    pub ipv6: Option<(Ipv6Network, Ipv6Network)>,
+    /// `EnableNFTables` in the network config.
+    pub nftables: bool,
+    /// `--ip-masq`: the masquerade chain.
+    pub masq: bool,
+    /// Not `--ip-masq-fully-random-disable`.
+    pub random_fully: bool,
+    /// `--iptables-forward-rules`: the forward accept chain.
+    pub forward_rules: bool,
+}
+
+/// One family's network and subnet as the tools print them (`10.5.0.0/16`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Net {
+    pub family: Family,
+    pub network: String,
+    pub subnet: String,
+}
+
+impl Net {
+    pub fn v4(network: Ipv4Network, subnet: Ipv4Network) -> Net {
+        let canon = |n: Ipv4Network| format!("{}/{}", n.network(), n.prefix());
+        Net {
+            family: Family::V4,
+            network: canon(network),
+            subnet: canon(subnet),
+        }
+    }
+
+    pub fn v6(network: Ipv6Network, subnet: Ipv6Network) -> Net {
+        let canon = |n: Ipv6Network| format!("{}/{}", n.network(), n.prefix());
+        Net {
+            family: Family::V6,
+            network: canon(network),
+            subnet: canon(subnet),
+        }
+    }
+
+    fn multicast(&self) -> &'static str {
+        match self.family {
+            Family::V4 => "224.0.0.0/4",
+            Family::V6 => "ff00::/8",
+        }
+    }
+}
+
+fn nets(
+    ipv4: Option<(Ipv4Network, Ipv4Network)>,
+    ipv6: Option<(Ipv6Network, Ipv6Network)>,
+) -> Vec<Net> {
+    ipv4.map(|(n, s)| Net::v4(n, s))
+        .into_iter()
+        .chain(ipv6.map(|(n, s)| Net::v6(n, s)))
+        .collect()
+}
+
+impl MasqSpec {
+    pub fn nets(&self) -> Vec<Net> {
+        nets(self.ipv4, self.ipv6)
+    }
+}
+
+/// One iptables chain of ours and the jump to it from a built-in chain, each rule as
+/// `iptables-save` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IptablesChain {
+    pub table: &'static str,
+    /// The built-in chain that jumps to ours.
+    pub hook: &'static str,
+    pub chain: &'static str,
+    pub jump: String,
+    pub rules: Vec<String>,
+}
+
+/// flannel's masquerade rules for one family, in order.
+pub fn iptables_postrtg(net: &Net, random_fully: bool) -> IptablesChain {
+    let (n, s, c) = (&net.network, &net.subnet, MASQ_COMMENT);
+    let masq = if random_fully {
+        "MASQUERADE --random-fully"
+    } else {
+        "MASQUERADE"
+    };
+    let multicast = net.multicast();
+    IptablesChain {
+        table: "nat",
+        hook: "POSTROUTING",
+        chain: POSTRTG_CHAIN,
+        jump: format!("-A POSTROUTING {c} -j {POSTRTG_CHAIN}"),
+        rules: [
+            format!("-m mark --mark {KUBE_PROXY_MARK} {c} -j RETURN"),
+            format!("-s {s} -d {n} {c} -j RETURN"),
+            format!("-s {n} -d {s} {c} -j RETURN"),
+            format!("! -s {n} -d {s} {c} -j RETURN"),
+            format!("-s {n} ! -d {multicast} {c} -j {masq}"),
+            format!("! -s {n} -d {n} {c} -j {masq}"),
+        ]
+        .into_iter()
+        .map(|r| format!("-A {POSTRTG_CHAIN} {r}"))
+        .collect(),
+    }
+}
+
+/// flannel's forward accept rules for one family.
+pub fn iptables_forward(net: &Net) -> IptablesChain {
+    let (n, c) = (&net.network, FWD_COMMENT);
+    IptablesChain {
+        table: "filter",
+        hook: "FORWARD",
+        chain: FWD_CHAIN,
+        jump: format!("-A FORWARD {c} -j {FWD_CHAIN}"),
+        rules: vec![
+            format!("-A {FWD_CHAIN} -s {n} {c} -j ACCEPT"),
+            format!("-A {FWD_CHAIN} -d {n} {c} -j ACCEPT"),
+        ],
+    }
+}
+
+/// The iptables chains `spec` asks for in `net`'s family.
+pub fn iptables_chains(net: &Net, spec: &MasqSpec) -> Vec<IptablesChain> {
+    let mut chains = Vec::new();
+    if spec.masq {
+        chains.push(iptables_postrtg(net, spec.random_fully));
+    }
+    if spec.forward_rules {
+        chains.push(iptables_forward(net));
+    }
+    chains
+}
+
+/// A batch to write and why it is needed, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub batch: String,
+    pub reasons: Vec<String>,
+}
+
+/// The lines of one table's section in `iptables-save -t <table>` output.
+fn section<'a>(saved: &'a str, table: &str) -> Vec<&'a str> {
+    let head = format!("*{table}");
+    saved
+        .lines()
+        .skip_while(|l| *l != head)
+        .skip(1)
+        .take_while(|l| *l != "COMMIT")
+        .collect()
+}
+
+fn chain_exists(lines: &[&str], chain: &str) -> bool {
+    let decl = format!(":{chain} ");
+    lines.iter().any(|l| l.starts_with(&decl))
+}
+
+fn rules_of<'a>(lines: &[&'a str], chain: &str) -> Vec<&'a str> {
+    let head = format!("-A {chain} ");
+    lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with(&head))
+        .collect()
+}
+
+/// The `iptables-restore --noflush` section that makes one table hold `chains` exactly (our
+/// chains' rules in order, one jump to each), given the table as `iptables-save` printed it;
+/// None when it already does.
+pub fn iptables_table_plan(
+    table: &str,
+    saved: &str,
+    chains: &[IptablesChain],
+    reasons: &mut Vec<String>,
+) -> Option<String> {
+    let lines = section(saved, table);
+    let mut body = String::new();
+    for c in chains.iter().filter(|c| c.table == table) {
+        let actual = rules_of(&lines, c.chain);
+        if !chain_exists(&lines, c.chain) {
+            reasons.push(format!("{table} chain {} missing", c.chain));
+        } else if actual != c.rules {
+            let missing: Vec<_> = c
+                .rules
+                .iter()
+                .map(String::as_str)
+                .filter(|r| !actual.contains(r))
+                .collect();
+            reasons.push(if missing.is_empty() {
+                format!("{table} chain {}: rules out of order or extra", c.chain)
+            } else {
+                format!("{table} chain {}: missing {}", c.chain, missing.join("; "))
+            });
+        }
+        if !chain_exists(&lines, c.chain) || actual != c.rules {
+            // Declaring a chain that exists flushes it, under --noflush too.
+            body.push_str(&format!(":{} - [0:0]\n", c.chain));
+            for r in &c.rules {
+                body.push_str(r);
+                body.push('\n');
+            }
+        }
+        let jumps = rules_of(&lines, c.hook)
+            .into_iter()
+            .filter(|l| *l == c.jump)
+            .count();
+        if jumps == 0 {
+            reasons.push(format!("{table} jump from {} missing", c.hook));
+            body.push_str(&c.jump);
+            body.push('\n');
+        }
+        for _ in 1..jumps {
+            reasons.push(format!("{table} jump from {} duplicated", c.hook));
+            body.push_str(&delete_line(&c.jump));
+        }
+    }
+    (!body.is_empty()).then(|| format!("*{table}\n{body}COMMIT\n"))
+}
+
+/// `-A CHAIN spec` as the line that deletes that rule.
+fn delete_line(append: &str) -> String {
+    format!("-D {}\n", append.strip_prefix("-A ").unwrap_or(append))
+}
+
+/// The one `iptables-restore` document (nat and filter) that brings a family to `chains`.
+pub fn iptables_plan(
+    saved_nat: &str,
+    saved_filter: &str,
+    chains: &[IptablesChain],
+) -> Option<Plan> {
+    let mut reasons = Vec::new();
+    let batch: String = [("nat", saved_nat), ("filter", saved_filter)]
+        .into_iter()
+        .filter_map(|(t, saved)| iptables_table_plan(t, saved, chains, &mut reasons))
+        .collect();
+    (!batch.is_empty()).then_some(Plan { batch, reasons })
+}
+
+/// The section of `table` that removes our chains and every jump to them (None: none there).
+pub fn iptables_removal(table: &str, saved: &str) -> Option<String> {
+    let lines = section(saved, table);
+    let ours: &[&str] = match table {
+        "nat" => &[POSTRTG_CHAIN],
+        _ => &[FWD_CHAIN],
+    };
+    let mut body = String::new();
+    for l in &lines {
+        if l.starts_with("-A ") && ours.iter().any(|c| l.ends_with(&format!(" -j {c}"))) {
+            body.push_str(&delete_line(l));
+        }
+    }
+    for c in ours.iter().filter(|c| chain_exists(&lines, c)) {
+        body.push_str(&format!("-F {c}\n-X {c}\n"));
+    }
+    (!body.is_empty()).then(|| format!("*{table}\n{body}COMMIT\n"))
+}
+
+/// The section of `table` that deletes the lines of `stale` it holds.
+pub fn iptables_stale_removal(table: &str, saved: &str, stale: &[String]) -> Option<String> {
+    let lines = section(saved, table);
+    let body: String = lines
+        .iter()
+        .filter(|l| stale.iter().any(|s| s == *l))
+        .map(|l| delete_line(l))
+        .collect();
+    (!body.is_empty()).then(|| format!("*{table}\n{body}COMMIT\n"))
+}
+
+/// The rule lines written for `old` (with today's options) that `spec` does not want now.
+pub fn iptables_stale_lines(old: &Net, spec: &MasqSpec) -> Vec<String> {
+    let lines = |n: &Net| -> Vec<String> {
+        iptables_chains(n, spec)
+            .into_iter()
+            .flat_map(|c| std::iter::once(c.jump).chain(c.rules))
+            .collect()
+    };
+    let wanted: Vec<String> = spec
+        .nets()
+        .iter()
+        .filter(|n| n.family == old.family)
+        .flat_map(lines)
+        .collect();
+    lines(old)
+        .into_iter()
+        .filter(|l| !wanted.contains(l))
+        .collect()
+}
+
+/// One nftables base chain of ours: its attributes and rules as `nft list` prints them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NftChain {
+    pub name: &'static str,
+    pub comment: &'static str,
+    pub kind: &'static str,
+    pub hook: &'static str,
+    /// The priority as written (`srcnat`) and as listed in JSON (100).
+    pub priority: &'static str,
+    pub prio: i64,
+    pub rules: Vec<String>,
+}
+
+/// nftables' family keyword and our table in it.
+pub fn nft_table(family: Family) -> (&'static str, &'static str) {
+    match family {
+        Family::V4 => ("ip", NFT_TABLE_V4),
+        Family::V6 => ("ip6", NFT_TABLE_V6),
+    }
+}
+
+/// flannel's nftables chains for one family. As in flannel, the third return skips traffic
+/// into the network from outside this node's subnet (iptables: from outside the network).
+pub fn nft_chains(net: &Net, spec: &MasqSpec) -> Vec<NftChain> {
+    let (ip, _) = nft_table(net.family);
+    let (n, s, multicast) = (&net.network, &net.subnet, net.multicast());
+    let masq = if spec.random_fully {
+        "masquerade fully-random"
+    } else {
+        "masquerade"
+    };
+    let mut chains = Vec::new();
+    if spec.masq {
+        chains.push(NftChain {
+            name: "postrtg",
+            comment: "chain to manage traffic masquerading by flannel",
+            kind: "nat",
+            hook: "postrouting",
+            priority: "srcnat",
+            prio: 100,
+            rules: vec![
+                "meta mark 0x4000 return".to_string(),
+                format!("{ip} saddr {s} {ip} daddr {n} return"),
+                format!("{ip} saddr {n} {ip} daddr {s} return"),
+                format!("{ip} saddr != {s} {ip} daddr {n} return"),
+                format!("{ip} saddr {n} {ip} daddr != {multicast} {masq}"),
+                format!("{ip} saddr != {n} {ip} daddr {n} {masq}"),
+            ],
+        });
+    }
+    if spec.forward_rules {
+        chains.push(NftChain {
+            name: "forward",
+            comment: "chain to accept flannel traffic",
+            kind: "filter",
+            hook: "forward",
+            priority: "filter",
+            prio: 0,
+            rules: vec![
+                format!("{ip} saddr {n} accept"),
+                format!("{ip} daddr {n} accept"),
+            ],
+        });
+    }
+    chains
+}
+
+/// A chain as the kernel holds it, read from `nft -j list table`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListedChain {
+    pub name: String,
+    pub kind: Option<String>,
+    pub hook: Option<String>,
+    pub prio: Option<i64>,
+    pub policy: Option<String>,
+    /// (handle, rule in `nft list` syntax); a rule with expressions this module never writes
+    /// reads as `?`, so that it never equals one of ours.
+    pub rules: Vec<(u64, String)>,
+}
+
+/// The chains of one table from its `nft -j list table` output.
+pub fn nft_listed(json: &str) -> Result<Vec<ListedChain>> {
+    let doc: Value = serde_json::from_str(json)
+        .map_err(|e| Error::failed("reading", "nft -j list output", e))?;
+    let items = doc
+        .get("nftables")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut chains: Vec<ListedChain> = Vec::new();
+    for item in &items {
+        if let Some(c) = item.get("chain") {
+            let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
+            chains.push(ListedChain {
+                name: s("name").unwrap_or_default(),
+                kind: s("type"),
+                hook: s("hook"),
+                prio: c.get("prio").and_then(Value::as_i64),
+                policy: s("policy"),
+                rules: Vec::new(),
+            });
+        }
+    }
+    for item in &items {
+        let Some(r) = item.get("rule") else { continue };
+        let chain = r.get("chain").and_then(Value::as_str).unwrap_or_default();
+        let handle = r.get("handle").and_then(Value::as_u64).unwrap_or_default();
+        let text = r
+            .get("expr")
+            .and_then(Value::as_array)
+            .map(|exprs| render_rule(exprs))
+            .unwrap_or_else(|| "?".to_string());
+        if let Some(c) = chains.iter_mut().find(|c| c.name == chain) {
+            c.rules.push((handle, text));
+        }
+    }
+    Ok(chains)
+}
+
+fn render_rule(exprs: &[Value]) -> String {
+    exprs
+        .iter()
+        .map(|e| render_expr(e).unwrap_or_else(|| "?".to_string()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One expression of a rule in `nft list` syntax, for the kinds this module writes.
+fn render_expr(e: &Value) -> Option<String> {
+    let obj = e.as_object()?;
+    let (key, val) = obj.iter().next()?;
+    match key.as_str() {
+        "return" | "accept" | "drop" => Some(key.clone()),
+        "masquerade" => match val.get("flags") {
+            None => Some("masquerade".to_string()),
+            Some(Value::String(f)) => Some(format!("masquerade {f}")),
+            Some(Value::Array(fs)) => {
+                let fs: Vec<_> = fs.iter().filter_map(Value::as_str).collect();
+                Some(format!("masquerade {}", fs.join(",")))
+            }
+            Some(_) => None,
+        },
+        "match" => {
+            let op = match val.get("op")?.as_str()? {
+                "==" => "",
+                "!=" => "!= ",
+                _ => return None,
+            };
+            let left = val.get("left")?;
+            let right = val.get("right")?;
+            if let Some(p) = left.get("payload") {
+                let proto = p.get("protocol")?.as_str()?;
+                let field = p.get("field")?.as_str()?;
+                let addr = match right {
+                    Value::String(a) if a.contains(':') => format!("{a}/128"),
+                    Value::String(a) => format!("{a}/32"),
+                    _ => {
+                        let p = right.get("prefix")?;
+                        format!("{}/{}", p.get("addr")?.as_str()?, p.get("len")?.as_u64()?)
+                    }
+                };
+                Some(format!("{proto} {field} {op}{addr}"))
+            } else if left.get("meta")?.get("key")?.as_str()? == "mark" {
+                Some(format!("meta mark {op}0x{:x}", right.as_u64()?))
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Whether a listed chain is `want` exactly: attributes and rules in order.
+fn chain_matches(listed: &ListedChain, want: &NftChain) -> bool {
+    listed.kind.as_deref() == Some(want.kind)
+        && listed.hook.as_deref() == Some(want.hook)
+        && listed.prio == Some(want.prio)
+        && listed.policy.as_deref().unwrap_or("accept") == "accept"
+        && listed.rules.iter().map(|(_, r)| r).eq(want.rules.iter())
+}
+
+/// The nft statements that bring one family's table to `chains`, given its listing (None:
+/// the table is absent); None when it already holds them.
+pub fn nft_plan(
+    family: Family,
+    listing: Option<&str>,
+    chains: &[NftChain],
+) -> Result<Option<Plan>> {
+    let (ip, table) = nft_table(family);
+    let listed = listing.map(nft_listed).transpose()?;
+    let mut reasons = Vec::new();
+    let mut script = String::new();
+    if listed.is_none() {
+        reasons.push(format!("table {ip} {table} missing"));
+    }
+    for want in chains {
+        let found = listed
+            .as_ref()
+            .and_then(|l| l.iter().find(|c| c.name == want.name));
+        match found {
+            Some(c) if chain_matches(c, want) => continue,
+            Some(c) => {
+                reasons.push(format!("chain {ip} {table} {} differs", want.name));
+                let same_base = c.kind.as_deref() == Some(want.kind)
+                    && c.hook.as_deref() == Some(want.hook)
+                    && c.prio == Some(want.prio);
+                if !same_base {
+                    // A base chain's hook cannot change in place.
+                    script.push_str(&format!(
+                        "flush chain {ip} {table} {n}\ndelete chain {ip} {table} {n}\n",
+                        n = want.name
+                    ));
+                }
+            }
+            None if listed.is_some() => {
+                reasons.push(format!("chain {ip} {table} {} missing", want.name))
+            }
+            None => {}
+        }
+        script.push_str(&nft_chain_statements(ip, table, want));
+    }
+    if script.is_empty() {
+        return Ok(None);
+    }
+    let head = format!("add table {ip} {table} {{ comment \"rules for {table}\"; }}\n");
+    Ok(Some(Plan {
+        batch: head + &script,
+        reasons,
+    }))
+}
+
+/// The statements that (re)write one chain whole.
+pub fn nft_chain_statements(ip: &str, table: &str, c: &NftChain) -> String {
+    let mut s = format!(
+        "add chain {ip} {table} {n} {{ comment \"{comment}\"; type {kind} hook {hook} priority {prio}; policy accept; }}\nflush chain {ip} {table} {n}\n",
+        n = c.name,
+        comment = c.comment,
+        kind = c.kind,
+        hook = c.hook,
+        prio = c.priority,
+    );
+    for r in &c.rules {
+        s.push_str(&format!("add rule {ip} {table} {} {r}\n", c.name));
+    }
+    s
+}
+
+/// The statements deleting the rules of `stale` that a family's table holds.
+pub fn nft_stale_removal(
+    family: Family,
+    listing: &str,
+    stale: &[String],
+) -> Result<Option<String>> {
+    let (ip, table) = nft_table(family);
+    let script: String = nft_listed(listing)?
+        .iter()
+        .flat_map(|c| {
+            c.rules
+                .iter()
+                .filter(|(_, r)| stale.contains(r))
+                .map(move |(h, _)| format!("delete rule {ip} {table} {} handle {h}\n", c.name))
+        })
+        .collect();
+    Ok((!script.is_empty()).then_some(script))
+}
+
+/// The nftables rules written for `old` (with today's options) that `spec` does not want now.
+pub fn nft_stale_rules(old: &Net, spec: &MasqSpec) -> Vec<String> {
+    let wanted: Vec<String> = spec
+        .nets()
+        .iter()
+        .filter(|n| n.family == old.family)
+        .flat_map(|n| nft_chains(n, spec))
+        .flat_map(|c| c.rules)
+        .collect();
+    nft_chains(old, spec)
+        .into_iter()
+        .flat_map(|c| c.rules)
+        .filter(|r| !wanted.contains(r))
+        .collect()
+}
+
+fn iptables_saved(family: Family, table: &str) -> Result<String> {
+    Ok(Iptables(family).list(&[table])?.unwrap_or_default())
+}
+
+fn nft_listing(family: Family) -> Result<Option<String>> {
+    let (ip, table) = nft_table(family);
+    Nftables.list(&["table", ip, table])
+}
+
+/// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
+/// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
+/// nothing when all is right. Returns whether it wrote anything.
+pub fn ensure(spec: &MasqSpec) -> Result<bool> {
+    if spec.nftables {
+        let mut batch = String::new();
+        for net in spec.nets() {
+            let listing = nft_listing(net.family)?;
+            if let Some(plan) = nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))? {
+                tracing::info!("restoring nftables rules: {}", plan.reasons.join("; "));
+                batch.push_str(&plan.batch);
+            }
+        }
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        Nftables
+            .apply(&batch)
+            .map_err(|e| e.context("writing the masquerade rules"))?;
+        return Ok(true);
+    }
+    let mut changed = false;
+    for net in spec.nets() {
+        let chains = iptables_chains(&net, spec);
+        if chains.is_empty() {
+            continue;
+        }
+        let nat = iptables_saved(net.family, "nat")?;
+        let filter = iptables_saved(net.family, "filter")?;
+        if let Some(plan) = iptables_plan(&nat, &filter, &chains) {
+            tracing::info!(
+                "restoring {:?} iptables rules: {}",
+                net.family,
+                plan.reasons.join("; ")
+            );
+            Iptables(net.family)
+                .apply(&plan.batch)
+                .map_err(|e| e.context("writing the masquerade rules"))?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// Removes the rules of the mode `spec` does not use (iptables chains in nftables mode, our
+/// nftables tables in iptables mode), so that a switch leaves one policy in force. A family
+/// whose iptables cannot be read holds none of ours: skipped with a warning.
+pub fn remove_other_mode(spec: &MasqSpec) -> Result<bool> {
+    if !spec.nftables {
+        if !cni_kernel::firewall::has_nft() {
+            return Ok(false);
+        }
+        let mut script = String::new();
+        for family in [Family::V4, Family::V6] {
+            if nft_listing(family)?.is_some() {
+                let (ip, table) = nft_table(family);
+                script.push_str(&format!("delete table {ip} {table}\n"));
+            }
+        }
+        if script.is_empty() {
+            return Ok(false);
+        }
+        tracing::info!("iptables mode: removing flannel's nftables tables");
+        Nftables.apply(&script)?;
+        return Ok(true);
+    }
+    let mut changed = false;
+    for family in [Family::V4, Family::V6] {
+        let saved = ["nat", "filter"].map(|t| iptables_saved(family, t).map(|s| (t, s)));
+        let mut batch = String::new();
+        for s in saved {
+            match s {
+                Ok((t, saved)) => batch.extend(iptables_removal(t, &saved)),
+                Err(e) => tracing::warn!("taking no {family:?} iptables rules to remove: {e}"),
+            }
+        }
+        if !batch.is_empty() {
+            tracing::info!("nftables mode: removing flannel's {family:?} iptables chains");
+            Iptables(family).apply(&batch)?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// Removes the rules written for a previous network and subnet (from the old subnet.env) that
+/// `spec` no longer wants; the current rules stay. Returns whether it removed anything.
+pub fn remove_stale(
+    old_ipv4: Option<(Ipv4Network, Ipv4Network)>,
+    old_ipv6: Option<(Ipv6Network, Ipv6Network)>,
+    spec: &MasqSpec,
+) -> Result<bool> {
+    let mut changed = false;
+    if spec.nftables {
+        let mut script = String::new();
+        for old in nets(old_ipv4, old_ipv6) {
+            if let Some(listing) = nft_listing(old.family)? {
+                script.extend(nft_stale_removal(
+                    old.family,
+                    &listing,
+                    &nft_stale_rules(&old, spec),
+                )?);
+            }
+        }
+        if !script.is_empty() {
+            tracing::info!("removing nftables rules of a previous subnet");
+            Nftables.apply(&script)?;
+            changed = true;
+        }
+        return Ok(changed);
+    }
+    for old in nets(old_ipv4, old_ipv6) {
+        let stale = iptables_stale_lines(&old, spec);
+        let mut batch = String::new();
+        for table in ["nat", "filter"] {
+            let saved = iptables_saved(old.family, table)?;
+            batch.extend(iptables_stale_removal(table, &saved, &stale));
+        }
+        if !batch.is_empty() {
+            tracing::info!(
+                "removing {:?} iptables rules of the previous subnet {} in {}",
+                old.family,
+                old.subnet,
+                old.network
+            );
+            Iptables(old.family).apply(&batch)?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// How [`keep`] checks the rules: [`ensure`], or in tests the same inside a namespace.
+pub type Ensure = Arc<dyn Fn(&MasqSpec) -> Result<bool> + Send + Sync>;
+
+/// Checks the rules every `every` (`--iptables-resync`) and restores what is missing, off the
+/// async threads; logs what it restored and any failure, and goes on. Never returns.
+pub async fn keep(spec: MasqSpec, every: Duration) {
+    keep_with(spec, every, Arc::new(ensure)).await
+}
+
+/// [`keep`] with the check given.
+pub async fn keep_with(spec: MasqSpec, every: Duration, check: Ensure) {
+    let spec = Arc::new(spec);
+    loop {
+        tokio::time::sleep(every).await;
+        let (spec, check) = (spec.clone(), check.clone());
+        match tokio::task::spawn_blocking(move || check(&spec)).await {
+            Ok(Ok(true)) => tracing::info!("masquerade rules restored"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::error!("checking the masquerade rules: {e}"),
+            Err(e) => tracing::error!("checking the masquerade rules: the check failed: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MasqSpec {
+        MasqSpec {
+            ipv4: Some((
+                "10.5.0.0/16".parse().unwrap(),
+                "10.5.1.0/24".parse().unwrap(),
+            )),
+            ipv6: Some((
+                "fd00:5::/56".parse().unwrap(),
+                "fd00:5:0:1::/64".parse().unwrap(),
+            )),
+            nftables: false,
+            masq: true,
+            random_fully: true,
+            forward_rules: true,
+        }
+    }
+
+    fn v4() -> Net {
+        spec().nets()[0].clone()
+    }
+
+    #[test]
+    fn iptables_masquerade_rules_are_flannels_text_in_order() {
+        let c = iptables_postrtg(&v4(), true);
+        assert_eq!(
+            c.jump,
+            r#"-A POSTROUTING -m comment --comment "flanneld masq" -j FLANNEL-POSTRTG"#
+        );
+        let expected = r#"-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 -m comment --comment "flanneld masq" -j RETURN
+-A FLANNEL-POSTRTG -s 10.5.1.0/24 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j RETURN
+-A FLANNEL-POSTRTG -s 10.5.0.0/16 -d 10.5.1.0/24 -m comment --comment "flanneld masq" -j RETURN
+-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.1.0/24 -m comment --comment "flanneld masq" -j RETURN
+-A FLANNEL-POSTRTG -s 10.5.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "flanneld masq" -j MASQUERADE --random-fully
+-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j MASQUERADE --random-fully"#;
+        assert_eq!(c.rules.join("\n"), expected);
+    }
+
+    #[test]
+    fn without_random_fully_the_masquerade_rules_drop_the_option() {
+        let c = iptables_postrtg(&v4(), false);
+        assert_eq!(
+            c.rules[4],
+            r#"-A FLANNEL-POSTRTG -s 10.5.0.0/16 ! -d 224.0.0.0/4 -m comment --comment "flanneld masq" -j MASQUERADE"#
+        );
+        assert_eq!(
+            c.rules[5],
+            r#"-A FLANNEL-POSTRTG ! -s 10.5.0.0/16 -d 10.5.0.0/16 -m comment --comment "flanneld masq" -j MASQUERADE"#
+        );
+    }
+
+    #[test]
+    fn ipv6_rules_use_the_ipv6_multicast_range() {
+        let v6 = &spec().nets()[1];
+        let c = iptables_postrtg(v6, true);
+        assert_eq!(
+            c.rules[4],
+            r#"-A FLANNEL-POSTRTG -s fd00:5::/56 ! -d ff00::/8 -m comment --comment "flanneld masq" -j MASQUERADE --random-fully"#
+        );
+        assert_eq!(
+            c.rules[1],
+            r#"-A FLANNEL-POSTRTG -s fd00:5:0:1::/64 -d fd00:5::/56 -m comment --comment "flanneld masq" -j RETURN"#
+        );
+    }
+
+    #[test]
+    fn forward_rules_accept_the_network_both_ways() {
+        let c = iptables_forward(&v4());
+        assert_eq!(
+            c.jump,
+            r#"-A FORWARD -m comment --comment "flanneld forward" -j FLANNEL-FWD"#
+        );
+        assert_eq!(
+            c.rules.join("\n"),
+            r#"-A FLANNEL-FWD -s 10.5.0.0/16 -m comment --comment "flanneld forward" -j ACCEPT
+-A FLANNEL-FWD -d 10.5.0.0/16 -m comment --comment "flanneld forward" -j ACCEPT"#
+        );
+        let no_fwd = MasqSpec {
+            forward_rules: false,
+            ..spec()
+        };
+        assert_eq!(iptables_chains(&v4(), &no_fwd).len(), 1);
+    }
+
+    #[test]
+    fn an_unmasked_network_is_printed_as_its_network_address() {
+        let n = Net::v4(
+            "10.5.3.7/16".parse().unwrap(),
+            "10.5.1.9/24".parse().unwrap(),
+        );
+        assert_eq!(
+            (n.network.as_str(), n.subnet.as_str()),
+            ("10.5.0.0/16", "10.5.1.0/24")
+        );
+    }
+
+    fn saved(table: &str, extra: &[String]) -> String {
+        let mut s = format!("# Generated by iptables-save\n*{table}\n:POSTROUTING ACCEPT [0:0]\n");
+        for l in extra {
+            s.push_str(l);
+            s.push('\n');
+        }
+        s + "COMMIT\n"
+    }
+
+    fn full_nat(c: &IptablesChain) -> Vec<String> {
+        let mut v = vec![":FLANNEL-POSTRTG - [0:0]".to_string(), c.jump.clone()];
+        v.extend(c.rules.iter().cloned());
+        v
+    }
+
+    #[test]
+    fn an_empty_table_gets_the_chain_its_rules_and_the_jump_in_one_document() {
+        let chains = iptables_chains(&v4(), &spec());
+        let plan = iptables_plan(&saved("nat", &[]), &saved("filter", &[]), &chains).unwrap();
+        let c = &chains[0];
+        let f = &chains[1];
+        let expected = format!(
+            "*nat\n:FLANNEL-POSTRTG - [0:0]\n{}\n{}\nCOMMIT\n*filter\n:FLANNEL-FWD - [0:0]\n{}\n{}\nCOMMIT\n",
+            c.rules.join("\n"),
+            c.jump,
+            f.rules.join("\n"),
+            f.jump
+        );
+        assert_eq!(plan.batch, expected);
+        assert!(plan
+            .reasons
+            .iter()
+            .any(|r| r.contains("FLANNEL-POSTRTG missing")));
+    }
+
+    #[test]
+    fn rules_already_right_need_no_batch() {
+        let chains = iptables_chains(
+            &v4(),
+            &MasqSpec {
+                forward_rules: false,
+                ..spec()
+            },
+        );
+        let nat = saved("nat", &full_nat(&chains[0]));
+        assert_eq!(iptables_plan(&nat, &saved("filter", &[]), &chains), None);
+    }
+
+    #[test]
+    fn a_missing_rule_rewrites_the_chain_in_order_and_keeps_the_jump() {
+        let chains = iptables_chains(
+            &v4(),
+            &MasqSpec {
+                forward_rules: false,
+                ..spec()
+            },
+        );
+        let mut lines = full_nat(&chains[0]);
+        let gone = lines.remove(4);
+        let plan = iptables_plan(&saved("nat", &lines), "", &chains).unwrap();
+        let expected = format!(
+            "*nat\n:FLANNEL-POSTRTG - [0:0]\n{}\nCOMMIT\n",
+            chains[0].rules.join("\n")
+        );
+        assert_eq!(plan.batch, expected);
+        assert!(plan.reasons[0].contains(&gone), "{:?}", plan.reasons);
+    }
+
+    #[test]
+    fn a_duplicated_jump_is_deleted_once() {
+        let chains = iptables_chains(
+            &v4(),
+            &MasqSpec {
+                forward_rules: false,
+                ..spec()
+            },
+        );
+        let mut lines = full_nat(&chains[0]);
+        lines.push(chains[0].jump.clone());
+        let plan = iptables_plan(&saved("nat", &lines), "", &chains).unwrap();
+        assert_eq!(
+            plan.batch,
+            "*nat\n-D POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn removal_deletes_jumps_then_flushes_and_deletes_our_chain() {
+        let chains = iptables_chains(&v4(), &spec());
+        let nat = saved("nat", &full_nat(&chains[0]));
+        assert_eq!(
+            iptables_removal("nat", &nat).unwrap(),
+            "*nat\n-D POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG\n-F FLANNEL-POSTRTG\n-X FLANNEL-POSTRTG\nCOMMIT\n"
+        );
+        assert_eq!(iptables_removal("nat", &saved("nat", &[])), None);
+    }
+
+    #[test]
+    fn stale_lines_are_the_old_subnets_rules_only() {
+        let old = Net::v4(
+            "10.5.0.0/16".parse().unwrap(),
+            "10.5.9.0/24".parse().unwrap(),
+        );
+        let stale = iptables_stale_lines(&old, &spec());
+        assert!(
+            stale.iter().all(|l| l.contains("10.5.9.0/24")),
+            "{stale:#?}"
+        );
+        assert_eq!(stale.len(), 3, "{stale:#?}");
+        let mut lines = full_nat(&iptables_postrtg(&v4(), true));
+        lines.push(iptables_postrtg(&old, true).rules[1].clone());
+        assert_eq!(
+            iptables_stale_removal("nat", &saved("nat", &lines), &stale).unwrap(),
+            "*nat\n-D FLANNEL-POSTRTG -s 10.5.9.0/24 -d 10.5.0.0/16 -m comment --comment \"flanneld masq\" -j RETURN\nCOMMIT\n"
+        );
+    }
+
+    #[test]
+    fn nftables_chains_are_flannels_text() {
+        let script: String = nft_chains(&v4(), &spec())
+            .iter()
+            .map(|c| nft_chain_statements("ip", NFT_TABLE_V4, c))
+            .collect();
+        let expected = r#"add chain ip flannel-ipv4 postrtg { comment "chain to manage traffic masquerading by flannel"; type nat hook postrouting priority srcnat; policy accept; }
+flush chain ip flannel-ipv4 postrtg
+add rule ip flannel-ipv4 postrtg meta mark 0x4000 return
+add rule ip flannel-ipv4 postrtg ip saddr 10.5.1.0/24 ip daddr 10.5.0.0/16 return
+add rule ip flannel-ipv4 postrtg ip saddr 10.5.0.0/16 ip daddr 10.5.1.0/24 return
+add rule ip flannel-ipv4 postrtg ip saddr != 10.5.1.0/24 ip daddr 10.5.0.0/16 return
+add rule ip flannel-ipv4 postrtg ip saddr 10.5.0.0/16 ip daddr != 224.0.0.0/4 masquerade fully-random
+add rule ip flannel-ipv4 postrtg ip saddr != 10.5.0.0/16 ip daddr 10.5.0.0/16 masquerade fully-random
+add chain ip flannel-ipv4 forward { comment "chain to accept flannel traffic"; type filter hook forward priority filter; policy accept; }
+flush chain ip flannel-ipv4 forward
+add rule ip flannel-ipv4 forward ip saddr 10.5.0.0/16 accept
+add rule ip flannel-ipv4 forward ip daddr 10.5.0.0/16 accept
+"#;
+        assert_eq!(script, expected);
+        let v6 = &spec().nets()[1];
+        let plain = MasqSpec {
+            random_fully: false,
+            ..spec()
+        };
+        assert_eq!(
+            nft_chains(v6, &plain)[0].rules[4],
+            "ip6 saddr fd00:5::/56 ip6 daddr != ff00::/8 masquerade"
+        );
+    }
+
+    /// `nft -j list table ip flannel-ipv4` of the table as written, from nft 1.0.6.
+    fn listing(rules: &[(&str, &str)]) -> String {
+        let chain = |name: &str, kind: &str, hook: &str, prio: i64| {
+            format!(
+                r#"{{"chain": {{"family": "ip", "table": "flannel-ipv4", "name": "{name}", "handle": 1, "type": "{kind}", "hook": "{hook}", "prio": {prio}, "policy": "accept"}}}}"#
+            )
+        };
+        let mut items = vec![
+            r#"{"metainfo": {"version": "1.0.6"}}"#.to_string(),
+            r#"{"table": {"family": "ip", "name": "flannel-ipv4", "handle": 1}}"#.to_string(),
+            chain("postrtg", "nat", "postrouting", 100),
+            chain("forward", "filter", "forward", 0),
+        ];
+        for (i, (c, expr)) in rules.iter().enumerate() {
+            items.push(format!(
+                r#"{{"rule": {{"family": "ip", "table": "flannel-ipv4", "chain": "{c}", "handle": {}, "expr": {expr}}}}}"#,
+                i + 10
+            ));
+        }
+        format!(r#"{{"nftables": [{}]}}"#, items.join(", "))
+    }
+
+    fn pfx(field: &str, op: &str, addr: &str, len: u8) -> String {
+        format!(
+            r#"{{"match": {{"op": "{op}", "left": {{"payload": {{"protocol": "ip", "field": "{field}"}}}}, "right": {{"prefix": {{"addr": "{addr}", "len": {len}}}}}}}}}"#
+        )
+    }
+
+    fn written_rules() -> Vec<(&'static str, String)> {
+        let mark = r#"{"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": 16384}}"#;
+        let masq = r#"{"masquerade": {"flags": "fully-random"}}"#;
+        vec![
+            ("postrtg", format!(r#"[{mark}, {{"return": null}}]"#)),
+            (
+                "postrtg",
+                format!(
+                    r#"[{}, {}, {{"return": null}}]"#,
+                    pfx("saddr", "==", "10.5.1.0", 24),
+                    pfx("daddr", "==", "10.5.0.0", 16)
+                ),
+            ),
+            (
+                "postrtg",
+                format!(
+                    r#"[{}, {}, {{"return": null}}]"#,
+                    pfx("saddr", "==", "10.5.0.0", 16),
+                    pfx("daddr", "==", "10.5.1.0", 24)
+                ),
+            ),
+            (
+                "postrtg",
+                format!(
+                    r#"[{}, {}, {{"return": null}}]"#,
+                    pfx("saddr", "!=", "10.5.1.0", 24),
+                    pfx("daddr", "==", "10.5.0.0", 16)
+                ),
+            ),
+            (
+                "postrtg",
+                format!(
+                    r#"[{}, {}, {masq}]"#,
+                    pfx("saddr", "==", "10.5.0.0", 16),
+                    pfx("daddr", "!=", "224.0.0.0", 4)
+                ),
+            ),
+            (
+                "postrtg",
+                format!(
+                    r#"[{}, {}, {masq}]"#,
+                    pfx("saddr", "!=", "10.5.0.0", 16),
+                    pfx("daddr", "==", "10.5.0.0", 16)
+                ),
+            ),
+            (
+                "forward",
+                format!(
+                    r#"[{}, {{"accept": null}}]"#,
+                    pfx("saddr", "==", "10.5.0.0", 16)
+                ),
+            ),
+            (
+                "forward",
+                format!(
+                    r#"[{}, {{"accept": null}}]"#,
+                    pfx("daddr", "==", "10.5.0.0", 16)
+                ),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_listing_reads_back_as_the_rules_written() {
+        let rules = written_rules();
+        let refs: Vec<_> = rules.iter().map(|(c, e)| (*c, e.as_str())).collect();
+        let listed = nft_listed(&listing(&refs)).unwrap();
+        let want = nft_chains(&v4(), &spec());
+        for (l, w) in listed.iter().zip(&want) {
+            let texts: Vec<_> = l.rules.iter().map(|(_, r)| r.clone()).collect();
+            assert_eq!(texts, w.rules);
+        }
+        assert_eq!(
+            nft_plan(Family::V4, Some(&listing(&refs)), &want).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn a_missing_nft_rule_or_table_rewrites_the_chain() {
+        let want = nft_chains(&v4(), &spec());
+        let rules = written_rules();
+        let refs: Vec<_> = rules
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 2)
+            .map(|(_, (c, e))| (*c, e.as_str()))
+            .collect();
+        let plan = nft_plan(Family::V4, Some(&listing(&refs)), &want)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            plan.batch,
+            format!(
+                "add table ip flannel-ipv4 {{ comment \"rules for flannel-ipv4\"; }}\n{}",
+                nft_chain_statements("ip", NFT_TABLE_V4, &want[0])
+            )
+        );
+        let plan = nft_plan(Family::V4, None, &want).unwrap().unwrap();
+        assert_eq!(plan.reasons, ["table ip flannel-ipv4 missing"]);
+        assert!(plan.batch.contains("add chain ip flannel-ipv4 forward"));
+    }
+
+    #[test]
+    fn an_unknown_expression_never_equals_one_of_ours() {
+        let odd = r#"[{"counter": {"packets": 0, "bytes": 0}}, {"return": null}]"#;
+        let listed = nft_listed(&listing(&[("postrtg", odd)])).unwrap();
+        assert_eq!(listed[0].rules, [(10, "? return".to_string())]);
+    }
+
+    #[test]
+    fn nft_stale_rules_are_deleted_by_handle() {
+        let old = Net::v4(
+            "10.5.0.0/16".parse().unwrap(),
+            "10.5.9.0/24".parse().unwrap(),
+        );
+        let stale = nft_stale_rules(&old, &spec());
+        assert_eq!(stale.len(), 3, "{stale:#?}");
+        let e = format!(
+            r#"[{}, {}, {{"return": null}}]"#,
+            pfx("saddr", "==", "10.5.9.0", 24),
+            pfx("daddr", "==", "10.5.0.0", 16)
+        );
+        let script = nft_stale_removal(Family::V4, &listing(&[("postrtg", &e)]), &stale)
+            .unwrap()
+            .unwrap();
+        assert_eq!(script, "delete rule ip flannel-ipv4 postrtg handle 10\n");
+    }
+}
