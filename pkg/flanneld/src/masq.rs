@@ -7,9 +7,12 @@
 //! [`remove_other_mode`], [`remove_stale`] and [`keep`] read the rules through
 //! `cni_kernel::firewall` and write what is missing in one batch per tool.
 
+use crate::config::NetConfig;
+use crate::flags::Flags;
+use crate::lease::SubnetKey;
 use cni_kernel::firewall::{Family, Iptables, Nftables, RuleTool};
 use cni_kernel::{Error, Result};
-use ipnetwork::{Ipv4Network, Ipv6Network};
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,9 +90,47 @@ fn nets(
 }
 
 impl MasqSpec {
+    /// The rules for this node's lease `own` in `cfg`'s networks, with the command line's
+    /// `--ip-masq`, `--ip-masq-fully-random-disable` and `--iptables-forward-rules`.
+    pub fn new(flags: &Flags, cfg: &NetConfig, own: &SubnetKey) -> MasqSpec {
+        MasqSpec {
+            ipv4: cfg.ipv4.zip(own.ipv4).map(|(f, s)| (f.network, s)),
+            ipv6: cfg.ipv6.zip(own.ipv6).map(|(f, s)| (f.network, s)),
+            nftables: cfg.enable_nftables,
+            masq: flags.ip_masq,
+            random_fully: !flags.ip_masq_fully_random_disable,
+            forward_rules: flags.iptables_forward_rules,
+        }
+    }
+
     pub fn nets(&self) -> Vec<Net> {
         nets(self.ipv4, self.ipv6)
     }
+}
+
+/// (network, subnet) of each family an earlier subnet.env names, for [`remove_stale`];
+/// None for a family it lacks or cannot be read.
+pub type Previous = (
+    Option<(Ipv4Network, Ipv4Network)>,
+    Option<(Ipv6Network, Ipv6Network)>,
+);
+
+/// The networks and subnets of an earlier subnet.env's text (subnets as written there, the
+/// first address of the subnet; the rules use its network address).
+pub fn previous(subnet_env: &str) -> Previous {
+    let Ok(e) = subnetenv::parse_entries(subnet_env) else {
+        return (None, None);
+    };
+    let first = |ns: &Option<Vec<IpNetwork>>| ns.as_ref().and_then(|v| v.first().copied());
+    let ipv4 = match (first(&e.networks), e.subnet) {
+        (Some(IpNetwork::V4(n)), Some(IpNetwork::V4(s))) => Some((n, s)),
+        _ => None,
+    };
+    let ipv6 = match (first(&e.ipv6_networks), e.ipv6_subnet) {
+        (Some(IpNetwork::V6(n)), Some(IpNetwork::V6(s))) => Some((n, s)),
+        _ => None,
+    };
+    (ipv4, ipv6)
 }
 
 /// One iptables chain of ours and the jump to it from a built-in chain, each rule as
@@ -845,6 +886,61 @@ mod tests {
             ..spec()
         };
         assert_eq!(iptables_chains(&v4(), &no_fwd).len(), 1);
+    }
+
+    #[test]
+    fn the_spec_follows_the_flags_the_config_and_the_lease() {
+        let flags = <crate::flags::Flags as clap::Parser>::try_parse_from([
+            "flanneld",
+            "--ip-masq",
+            "--ip-masq-fully-random-disable",
+            "--iptables-forward-rules=false",
+        ])
+        .unwrap();
+        let cfg = crate::config::parse(
+            r#"{"Network":"10.5.0.0/16","IPv6Network":"fd00:5::/56","EnableIPv6":true,"EnableNFTables":true}"#,
+        )
+        .unwrap();
+        let own = SubnetKey {
+            ipv4: Some("10.5.1.0/24".parse().unwrap()),
+            ipv6: None,
+        };
+        let s = MasqSpec::new(&flags, &cfg, &own);
+        assert_eq!(
+            s,
+            MasqSpec {
+                ipv4: Some((
+                    "10.5.0.0/16".parse().unwrap(),
+                    "10.5.1.0/24".parse().unwrap()
+                )),
+                ipv6: None,
+                nftables: true,
+                masq: true,
+                random_fully: false,
+                forward_rules: false,
+            }
+        );
+    }
+
+    #[test]
+    fn previous_reads_an_old_subnet_env() {
+        let (v4, v6) = previous(
+            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:1::1/64\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
+        );
+        let (n, s) = v4.unwrap();
+        let net = Net::v4(n, s);
+        assert_eq!(
+            (net.network.as_str(), net.subnet.as_str()),
+            ("10.5.0.0/16", "10.5.52.0/24")
+        );
+        let (n, s) = v6.unwrap();
+        let net = Net::v6(n, s);
+        assert_eq!(
+            (net.network.as_str(), net.subnet.as_str()),
+            ("fc00::/48", "fc00:0:0:1::/64")
+        );
+        assert_eq!(previous("FLANNEL_MTU=1450\n"), (None, None));
+        assert_eq!(previous("FLANNEL_SUBNET=nonsense\n"), (None, None));
     }
 
     #[test]
