@@ -7,8 +7,9 @@ set -euo pipefail
 demo=(iptables nftables iproute2 util-linux socat busybox-static)
 # conntrack/procps/kmod: kernel tests; containernetworking-plugins: the Go reference plugins in
 # /usr/lib/cni; podman/containerd/runc: the runtime end-to-end tests; etcd-server/etcd-client: the
-# daemon's tests against a real etcd; protobuf-compiler: the etcd client crate's build; curl and
-# openssl: the daemon's health endpoint and TLS tests.
+# daemon's tests against a real etcd; protobuf-compiler: the etcd client crate's build and the
+# check of the CRI test's generated client (pkg/e2e/src/cri_api.rs); curl and openssl: the
+# daemon's health endpoint and TLS tests.
 tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl)
 
 case "${1:-tests}" in

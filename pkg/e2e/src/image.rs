@@ -29,6 +29,17 @@ pub fn busybox_rootfs(dir: &Path) {
 /// Writes a single-layer image of `rootfs` in the `docker save` layout to `archive`, tagged
 /// `reference`. Built in `work` (a scratch directory).
 pub fn docker_archive(rootfs: &Path, reference: &str, work: &Path, archive: &Path) {
+    docker_archive_running(rootfs, reference, work, archive, &["/bin/sh"]);
+}
+
+/// The same, with `cmd` as the image's default command (what a CRI pod sandbox runs).
+pub fn docker_archive_running(
+    rootfs: &Path,
+    reference: &str,
+    work: &Path,
+    archive: &Path,
+    cmd: &[&str],
+) {
     std::fs::create_dir_all(work).unwrap();
     run(Command::new("tar")
         .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
@@ -40,7 +51,7 @@ pub fn docker_archive(rootfs: &Path, reference: &str, work: &Path, archive: &Pat
     let config = json!({
         "architecture": go_arch(),
         "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["/bin/sh"]},
+        "config": {"Env": ["PATH=/bin"], "Cmd": cmd},
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
     });
     let manifest = json!([

@@ -9,6 +9,7 @@
 //! the test can look at the node while the container runs.
 
 pub mod checks;
+pub mod cri;
 pub mod image;
 pub mod install;
 pub mod node;
