@@ -36,14 +36,20 @@ fn network_address(subnet: &str) -> String {
 }
 
 fn pair(prefix: &str, backend: &str) -> Pair {
+    pair_with(prefix, backend, "", |_| {})
+}
+
+/// A pair with `extra` network config keys, and `before` run on node a before its daemon starts.
+fn pair_with(prefix: &str, backend: &str, extra: &str, before: impl FnOnce(&Node)) -> Pair {
     let (a, b) = Node::pair(prefix);
     let reg = a.path("registry");
     fs::create_dir_all(&reg).unwrap();
     fs::write(
         reg.join("config"),
-        format!(r#"{{"Network":"10.9.0.0/16","Backend":{backend}}}"#),
+        format!(r#"{{"Network":"10.9.0.0/16","Backend":{backend}{extra}}}"#),
     )
     .unwrap();
+    before(&a);
     let reg = reg.display().to_string();
     let da = start(&a, &reg, "a");
     let db = start(&b, &reg, "b");
@@ -319,4 +325,128 @@ fn host_gw_routes_via_the_peer_and_direct_routing_does_too() {
         wait_has(&p.a, &["ip", "route", "show"], &route, REPAIR);
         let _ = &p.db;
     }
+}
+
+#[test]
+fn a_device_left_with_a_wrong_address_is_fixed_at_start() {
+    // flannel-io/flannel#1060: flannel.1 from an earlier life, with another subnet's address.
+    let p = pair_with("fvw", r#"{"Type":"vxlan"}"#, "", |a| {
+        a.ns.ip(&[
+            "link",
+            "add",
+            "flannel.1",
+            "type",
+            "vxlan",
+            "id",
+            "1",
+            "local",
+            "192.168.100.1",
+            "dev",
+            "eth0",
+            "dstport",
+            "8472",
+            "nolearning",
+        ]);
+        a.ns.ip(&["addr", "add", "10.9.250.0/32", "dev", "flannel.1"]);
+    });
+    let addrs = p.a.ns.run("ip", &["-4", "addr", "show", "flannel.1"]);
+    assert!(addrs.contains(&format!("inet {}/32", p.net_a)), "{addrs}");
+    assert!(!addrs.contains("10.9.250.0"), "{addrs}");
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+}
+
+#[test]
+fn a_device_mac_changed_by_hand_is_put_back() {
+    // flannel-io/flannel#1330: the lease and the peers' entries keep the VtepMAC.
+    let p = pair("fvm", r#"{"Type":"vxlan"}"#);
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    let mac = |n: &Node| {
+        n.ns.link("flannel.1")
+            .and_then(|l| l["address"].as_str().map(str::to_string))
+    };
+    let before = mac(&p.b);
+    p.b.ns
+        .ip(&["link", "set", "flannel.1", "address", "02:11:22:33:44:55"]);
+    wait_for("flannel.1's MAC to be put back", T, || {
+        (mac(&p.b) == before).then_some(())
+    });
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+}
+
+#[test]
+fn a_hundred_leases_present_at_start_are_all_programmed() {
+    // flannel-io/flannel#1531, #958.
+    let p = pair_with("fvc", r#"{"Type":"vxlan"}"#, "", |a| {
+        let dir = a.path("registry/subnets");
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..100 {
+            let value = format!(
+                r#"{{"Expiration":99999999999,"Lease":{{"PublicIP":"172.16.0.{i}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"02:00:00:00:01:{i:02x}"}}}}}}"#
+            );
+            fs::write(dir.join(format!("10.9.{}.0-24", 150 + i)), value).unwrap();
+        }
+    });
+    wait_for("101 routes on flannel.1", T, || {
+        let routes =
+            p.a.ns
+                .run("ip", &["-4", "route", "show", "dev", "flannel.1"]);
+        (routes.lines().count() == 101).then_some(())
+    });
+    let fdb = p.a.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
+    assert_eq!(
+        fdb.lines().filter(|l| l.contains(" dst ")).count(),
+        101,
+        "{fdb}"
+    );
+}
+
+#[test]
+fn dual_stack_vxlan_carries_both_families() {
+    let p = pair_with(
+        "fv6",
+        r#"{"Type":"vxlan"}"#,
+        r#","EnableIPv6":true,"IPv6Network":"fc00::/48""#,
+        |_| {},
+    );
+    let env = fs::read_to_string(&p.da.subnet_file).unwrap();
+    assert!(
+        env.contains("FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:"),
+        "{env}"
+    );
+    let v6_addr = |n: &Node| {
+        let out = n.ns.run(
+            "ip",
+            &["-6", "addr", "show", "flannel-v6.1", "scope", "global"],
+        );
+        out.split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .map(|a| a.trim_end_matches("/128").to_string())
+            .unwrap_or_default()
+    };
+    wait_for("a global address on flannel-v6.1", T, || {
+        (!v6_addr(&p.a).is_empty() && !v6_addr(&p.b).is_empty()).then_some(())
+    });
+    let dev = p.a.ns.run("ip", &["-d", "link", "show", "flannel-v6.1"]);
+    assert!(dev.contains("local fd00::1"), "{dev}");
+    wait_has(&p.a, &["ip", "-6", "route", "show"], "dev flannel-v6.1", T);
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel-v6.1"],
+        "dst fd00::2",
+        T,
+    );
+    wait_for("a ping across vxlan over IPv4", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    let (a6, b6) = (v6_addr(&p.a), v6_addr(&p.b));
+    wait_for("a ping across vxlan over IPv6", T, || {
+        ping(&p.a, &a6, &b6).then_some(())
+    });
 }

@@ -174,9 +174,16 @@ fn etcd_down_for_30_seconds_the_daemon_rides_it_out() {
     config(&node, &etcd);
     let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
     let subnet = a.subnet(T);
+    let cpu = a.cpu_time();
     etcd.stop();
     std::thread::sleep(Duration::from_secs(30));
     assert!(a.running(), "flanneld died with etcd:\n{}", a.log_text());
+    // No busy retry loop while etcd is away (flannel-io/flannel#2171).
+    let spent = a.cpu_time() - cpu;
+    assert!(
+        spent < Duration::from_secs(1),
+        "{spent:?} of CPU over the outage"
+    );
     etcd.resume(&node);
     etcd.put(
         &node,

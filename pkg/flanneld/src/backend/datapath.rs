@@ -86,10 +86,11 @@ impl Datapath {
             Mode::Vxlan(p) => Some(p.clone()),
             _ => None,
         };
+        // The pods' MTU: what fits through every device they may use.
         let mtu = match &vxlan {
             Some(p) => {
                 let base = p.mtu.unwrap_or(ext.mtu);
-                let overhead = if cfg.ipv6.is_some() && cfg.ipv4.is_none() {
+                let overhead = if cfg.ipv6.is_some() {
                     VXLAN_OVERHEAD_V6
                 } else {
                     VXLAN_OVERHEAD_V4
@@ -200,7 +201,11 @@ impl Datapath {
                 learning: p.learning,
                 gbp: p.gbp,
             },
-            mtu: Some(self.mtu),
+            mtu: Some(p.mtu.unwrap_or(self.ext.mtu).saturating_sub(if v6 {
+                VXLAN_OVERHEAD_V6
+            } else {
+                VXLAN_OVERHEAD_V4
+            })),
             mac,
         }
     }
@@ -242,7 +247,13 @@ impl Datapath {
                     .addresses(link.index)
                     .await
                     .map_err(|e| e.to_string())?;
-                for stale in have.iter().filter(|a| **a != want && a.is_ipv4() != v6) {
+                for stale in have.iter().filter(|a| {
+                    let link_local = match a.ip() {
+                        IpAddr::V4(ip) => ip.is_link_local(),
+                        IpAddr::V6(ip) => (ip.segments()[0] & 0xffc0) == 0xfe80,
+                    };
+                    **a != want && a.is_ipv4() != v6 && !link_local
+                }) {
                     // An address from another subnet (an earlier lease) would answer for it.
                     if self
                         .conn

@@ -72,8 +72,12 @@ impl Node {
             "netns",
             b.name(),
         ]);
-        for (ns, addr) in [(&a, "192.168.100.1/24"), (&b, "192.168.100.2/24")] {
+        for (ns, addr, addr6) in [
+            (&a, "192.168.100.1/24", "fd00::1/64"),
+            (&b, "192.168.100.2/24", "fd00::2/64"),
+        ] {
             ns.ip(&["addr", "add", addr, "dev", "eth0"]);
+            ns.ip(&["addr", "add", addr6, "dev", "eth0", "nodad"]);
             ns.ip(&["link", "set", "eth0", "up"]);
             ns.ip(&[
                 "route",
@@ -305,6 +309,23 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// User plus system CPU time used so far.
+    pub fn cpu_time(&self) -> Duration {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // Fields after the command name, which is in parentheses: utime and stime are 14 and 15.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .unwrap_or(100) as u64;
+        Duration::from_millis(ticks * 1000 / hz.max(1))
     }
 
     pub fn log_text(&self) -> String {
