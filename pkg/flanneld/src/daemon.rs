@@ -6,6 +6,7 @@ use crate::backend::Datapath;
 use crate::config::{self, ConfigError, NetConfig};
 use crate::iface::{self, LinkFacts, Route, Wanted};
 use crate::lease::{LeaseAttrs, SubnetKey};
+use crate::masq::{self, MasqSpec};
 use crate::registry::{Change, Listing, Registry, RegistryError, WatchEnd};
 use crate::view::{LeaseView, Outcome};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
@@ -34,6 +35,12 @@ pub struct Settings {
     pub routes: Vec<Route>,
     pub subnet_file: PathBuf,
     pub ip_masq: bool,
+    /// Not `--ip-masq-fully-random-disable`.
+    pub random_fully: bool,
+    /// `--iptables-forward-rules`.
+    pub forward_rules: bool,
+    /// `--iptables-resync`.
+    pub iptables_resync: Duration,
     pub ttl: Duration,
     pub renew_margin: Duration,
     pub ready: Arc<AtomicBool>,
@@ -423,6 +430,40 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
         error!("setting up the datapath for {own}: {e}");
     }
 
+    let masq = MasqSpec {
+        ipv4: cfg.ipv4.zip(own.ipv4).map(|(f, s)| (f.network, s)),
+        ipv6: cfg.ipv6.zip(own.ipv6).map(|(f, s)| (f.network, s)),
+        nftables: cfg.enable_nftables,
+        masq: settings.ip_masq,
+        random_fully: settings.random_fully,
+        forward_rules: settings.forward_rules,
+    };
+    let keeper = if masq.masq || masq.forward_rules {
+        // The old subnet.env says which rules an earlier lease left behind.
+        let old = std::fs::read_to_string(&settings.subnet_file)
+            .map(|t| masq::previous(&t))
+            .unwrap_or((None, None));
+        let spec = masq.clone();
+        let first = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            masq::remove_other_mode(&spec).map_err(|e| e.to_string())?;
+            masq::remove_stale(old.0, old.1, &spec).map_err(|e| e.to_string())?;
+            masq::ensure(&spec).map_err(|e| e.to_string())?;
+            Ok(())
+        })
+        .await;
+        match first {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => error!(
+                "setting up the masquerade and forward rules: {e}; retrying every {:?}",
+                settings.iptables_resync
+            ),
+            Err(e) => error!("setting up the masquerade and forward rules: {e}"),
+        }
+        Some(tokio::spawn(masq::keep(masq, settings.iptables_resync)))
+    } else {
+        None
+    };
+
     let env = subnet_env(&cfg, &own, backend.mtu(), settings.ip_masq);
     if let Err(e) = env.write(&settings.subnet_file) {
         // The plugin cannot work without it; keep serving and retry at the next renewal.
@@ -461,6 +502,9 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
     };
     renewer.abort();
     backend_task.abort();
+    if let Some(k) = keeper {
+        k.abort();
+    }
     exit
 }
 

@@ -24,7 +24,20 @@ struct Pair {
 }
 
 fn start(node: &Node, reg: &str, name: &str) -> Daemon {
-    Daemon::start(node, name, &["--registry-dir", reg, "--iface", "eth0"], &[])
+    Daemon::start(
+        node,
+        name,
+        &[
+            "--registry-dir",
+            reg,
+            "--iface",
+            "eth0",
+            "--ip-masq",
+            "--iptables-resync",
+            "1",
+        ],
+        &[],
+    )
 }
 
 fn network_address(subnet: &str) -> String {
@@ -84,6 +97,21 @@ fn ping(node: &Node, from: &str, to: &str) -> bool {
         .success()
 }
 
+/// Our rules as iptables-save prints them (without its comments and counters).
+fn firewall(node: &Node) -> String {
+    ["nat", "filter"]
+        .iter()
+        .map(|t| node.ns.run("iptables-save", &["-t", t]))
+        .flat_map(|t| {
+            t.lines()
+                .filter(|l| l.contains("FLANNEL"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The kernel state a restart must not change.
 fn snapshot(node: &Node) -> String {
     [
@@ -92,6 +120,7 @@ fn snapshot(node: &Node) -> String {
         node.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]),
         node.ns.run("ip", &["-d", "link", "show", "flannel.1"]),
         node.ns.run("ip", &["-4", "addr", "show", "flannel.1"]),
+        firewall(node),
     ]
     .join("\n")
 }
@@ -449,4 +478,51 @@ fn dual_stack_vxlan_carries_both_families() {
     wait_for("a ping across vxlan over IPv6", T, || {
         ping(&p.a, &a6, &b6).then_some(())
     });
+}
+
+#[test]
+fn masquerade_rules_are_flannels_and_put_back() {
+    let p = pair("fvq", r#"{"Type":"vxlan"}"#);
+    let rules = firewall(&p.a);
+    let sub_a = format!("{}/24", p.net_a);
+    for want in [
+        "-A POSTROUTING -m comment --comment \"flanneld masq\" -j FLANNEL-POSTRTG".to_string(),
+        format!("-A FLANNEL-POSTRTG -s {sub_a} -d 10.9.0.0/16 -m comment --comment \"flanneld masq\" -j RETURN"),
+        "-A FLANNEL-POSTRTG -s 10.9.0.0/16 ! -d 224.0.0.0/4 -m comment --comment \"flanneld masq\" -j MASQUERADE --random-fully".to_string(),
+        "-A FORWARD -m comment --comment \"flanneld forward\" -j FLANNEL-FWD".to_string(),
+    ] {
+        assert!(rules.contains(&want), "{want}\nnot in\n{rules}");
+    }
+    let rule =
+        format!("-s {sub_a} -d 10.9.0.0/16 -m comment --comment \"flanneld masq\" -j RETURN");
+    let mut del = vec!["-t", "nat", "-D", "FLANNEL-POSTRTG"];
+    let parts = shell_words(&rule);
+    del.extend(parts.iter().map(String::as_str));
+    p.a.ns.run("iptables", &del);
+    assert!(!firewall(&p.a).contains(&rule));
+    wait_for("the deleted masquerade rule to come back", T, || {
+        (firewall(&p.a) == rules).then_some(())
+    });
+}
+
+/// Splits a rule as a shell would (double quotes only).
+fn shell_words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
 }

@@ -28,7 +28,15 @@ impl Shared {
 
     fn daemon(&self, name: &str, ip: &str, extra: &[&str]) -> Daemon {
         let reg = self.node.path("registry").display().to_string();
-        let mut args = vec!["--registry-dir", &reg, "--iface", "eth0", "--public-ip", ip];
+        let mut args = vec![
+            "--iptables-forward-rules=false",
+            "--registry-dir",
+            &reg,
+            "--iface",
+            "eth0",
+            "--public-ip",
+            ip,
+        ];
         args.extend_from_slice(extra);
         Daemon::start(&self.node, name, &args, &[])
     }

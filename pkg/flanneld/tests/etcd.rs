@@ -17,7 +17,9 @@ fn config(node: &Node, etcd: &Etcd) {
 }
 
 fn daemon(node: &Node, etcd: &Etcd, name: &str, ip: &str, extra: &[&str]) -> Daemon {
+    // Several daemons share this namespace: only one set of firewall rules is wanted there.
     let mut args = vec![
+        "--iptables-forward-rules=false",
         "--etcd-endpoints",
         &etcd.client_url,
         "--iface",
