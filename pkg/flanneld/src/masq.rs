@@ -6,6 +6,10 @@
 //! The rule text and the comparison with what the kernel holds are pure; [`ensure`],
 //! [`remove_other_mode`], [`remove_stale`] and [`keep`] read the rules through
 //! `cni_kernel::firewall` and write what is missing in one batch per tool.
+//!
+//! At start: [`remove_other_mode`], then [`remove_stale`] with [`previous`] of the subnet.env
+//! about to be replaced, then [`ensure`]; then [`keep`] for the daemon's life. Nothing is
+//! removed at exit, so that a restart leaves the rules, and the traffic, as they were.
 
 use crate::config::NetConfig;
 use crate::flags::Flags;

@@ -300,6 +300,10 @@ fn an_nft_rule_deleted_by_hand_is_restored() {
         "nft",
         &["delete", "chain", "ip6", "flannel-ipv6", "forward"],
     );
+    ns.run(
+        "nft",
+        &["add chain ip flannel-ipv4 forward { type filter hook forward priority filter; policy drop; }"],
+    );
     assert!(inside(&ns, || masq::ensure(&spec)).unwrap());
     assert_eq!(nft_chains(&ns, "ip", "flannel-ipv4"), before);
     assert!(ns
