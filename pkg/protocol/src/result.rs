@@ -3,9 +3,11 @@
 //! The in-memory shape is the newest (1.1.0); older shapes are produced and read at the edges.
 
 use crate::error::{CniError, DECODING_FAILURE, INCOMPATIBLE_VERSION};
+use crate::gokeys::{self, GoKeys};
 use crate::version::Version;
 use cni_plugin::config::Dns;
 use ipnetwork::IpNetwork;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::net::IpAddr;
 
@@ -72,7 +74,7 @@ fn get_str<'a>(
     key: &str,
     what: &str,
 ) -> Result<Option<&'a str>, CniError> {
-    match obj.get(key) {
+    match gokeys::get(obj, key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
         Some(other) => Err(decode_err(format!(
@@ -82,7 +84,7 @@ fn get_str<'a>(
 }
 
 fn get_u32(obj: &Map<String, Value>, key: &str, what: &str) -> Result<Option<u32>, CniError> {
-    match obj.get(key) {
+    match gokeys::get(obj, key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_u64()
@@ -101,7 +103,7 @@ fn get_array<'a>(
     key: &str,
     what: &str,
 ) -> Result<&'a [Value], CniError> {
-    match obj.get(key) {
+    match gokeys::get(obj, key) {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(a)) => Ok(a),
         Some(other) => Err(decode_err(format!(
@@ -148,7 +150,7 @@ fn parse_route(v: &Value, what: &str) -> Result<Route, CniError> {
 fn parse_dns(v: Option<&Value>) -> Result<Dns, CniError> {
     match v {
         None | Some(Value::Null) => Ok(Dns::default()),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| decode_err(format!("dns: {e}"))),
+        Some(v) => Dns::deserialize(GoKeys(v)).map_err(|e| decode_err(format!("dns: {e}"))),
     }
 }
 
@@ -168,11 +170,14 @@ impl CniResult {
             Some(s) if !s.is_empty() => Version::parse(s)?,
             _ => hint,
         };
-        if version.has_legacy_result() || o.contains_key("ip4") || o.contains_key("ip6") {
+        if version.has_legacy_result()
+            || gokeys::get(o, "ip4").is_some()
+            || gokeys::get(o, "ip6").is_some()
+        {
             return Self::parse_legacy(o);
         }
         let mut r = CniResult {
-            dns: parse_dns(o.get("dns"))?,
+            dns: parse_dns(gokeys::get(o, "dns"))?,
             ..Default::default()
         };
         for (i, iv) in get_array(o, "interfaces", "result")?.iter().enumerate() {
@@ -196,7 +201,7 @@ impl CniResult {
             let io = as_object(ipv, &what)?;
             let address = get_str(io, "address", &what)?
                 .ok_or_else(|| decode_err(format!("{what}.address is missing")))?;
-            let interface = match io.get("interface") {
+            let interface = match gokeys::get(io, "interface") {
                 None | Some(Value::Null) => None,
                 Some(n) => Some(n.as_u64().map(|n| n as usize).ok_or_else(|| {
                     decode_err(format!("{what}.interface: expected an index, got {n}"))
@@ -218,11 +223,11 @@ impl CniResult {
 
     fn parse_legacy(o: &Map<String, Value>) -> Result<CniResult, CniError> {
         let mut r = CniResult {
-            dns: parse_dns(o.get("dns"))?,
+            dns: parse_dns(gokeys::get(o, "dns"))?,
             ..Default::default()
         };
         for key in ["ip4", "ip6"] {
-            let Some(v) = o.get(key).filter(|v| !v.is_null()) else {
+            let Some(v) = gokeys::get(o, key).filter(|v| !v.is_null()) else {
                 continue;
             };
             let io = as_object(v, key)?;

@@ -170,3 +170,28 @@ fn malformed_results_name_the_field() {
     let e = CniResult::parse(&json!({"cniVersion": "7.0.0"}), Version::V1_0_0).unwrap_err();
     assert_eq!(e.code, 1);
 }
+
+/// A result is read as the Go plugins read it: keys in any case, the exact one first.
+#[test]
+fn result_keys_match_in_any_case_as_in_go() {
+    let r = CniResult::parse(
+        &json!({
+            "CNIVersion": "1.0.0",
+            "Interfaces": [{"Name": "eth0", "MAC": "0a:00:00:00:00:01", "Sandbox": "/var/run/netns/x"}],
+            "IPs": [{"Address": "10.0.0.2/24", "Gateway": "10.0.0.1", "Interface": 0}],
+            "Routes": [{"Dst": "0.0.0.0/0", "GW": "10.0.0.1"}],
+            "DNS": {"Nameservers": ["10.0.0.10"]}
+        }),
+        Version::V1_0_0,
+    )
+    .unwrap();
+    assert_eq!(r.interfaces[0].name, "eth0");
+    assert_eq!(r.interfaces[0].sandbox, "/var/run/netns/x");
+    assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
+    assert_eq!(r.ips[0].interface, Some(0));
+    assert_eq!(r.routes[0].gw, Some("10.0.0.1".parse().unwrap()));
+    assert_eq!(
+        r.dns.nameservers,
+        vec!["10.0.0.10".parse::<std::net::IpAddr>().unwrap()]
+    );
+}
