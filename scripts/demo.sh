@@ -1,127 +1,312 @@
 #!/usr/bin/env bash
-# The suite's main job, end to end on one throwaway node: build, install into a temporary
-# prefix, start the fabric daemon for the node's subnet.env, then run the plugins as a runtime would for two pods on the stock flannel conflist,
-# show what they made, send traffic, and tear it all down. Everything happens in network
-# namespaces this script creates (the node itself is a namespace); the root namespace is
-# never touched, and everything is removed on exit, also on failure.
+# The suite's main job: a three-node flannel cluster on this one machine. It builds, installs
+# into a temporary prefix, joins three node namespaces to an "underlay" namespace's bridge, runs
+# flanneld on each (embedded registry, or with --etcd a real etcd started in the underlay),
+# makes two pods per node through the plugins of the stock 10-flannel.conflist, has every pod
+# ping every other and talk TCP across nodes, prints what each node holds, and tears it all
+# down (--keep leaves it up and prints the command that removes it). Everything happens in
+# namespaces this script creates; the root namespace is never touched.
 set -euo pipefail
+
+usage() {
+    cat <<USAGE
+usage: $0 [--etcd] [--backend vxlan|host-gw] [--keep] [--no-build | --debug]
+  --etcd        leases in a real etcd started in the underlay namespace (default: the embedded registry)
+  --backend B   the network's backend (default vxlan)
+  --keep        leave the cluster up and print the command that tears it down
+  --no-build    install the release binaries target/ already holds
+  --debug       build and install debug binaries (quicker to build than release)
+USAGE
+}
+
+use_etcd=0
+backend=vxlan
+keep=0
+build=release
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --etcd) use_etcd=1; shift ;;
+        --backend) backend=${2:?--backend needs vxlan or host-gw}; shift 2 ;;
+        --keep) keep=1; shift ;;
+        --no-build) build=none; shift ;;
+        --debug) build=debug; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+case "$backend" in vxlan|host-gw) ;; *) echo "--backend: vxlan or host-gw, not $backend" >&2; exit 2 ;; esac
+[ "$(id -u)" = 0 ] || { echo "the demo creates network namespaces: run as root" >&2; exit 1; }
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 prefix=$(mktemp -d /tmp/cni-demo.XXXXXX)
 id=$$
-host=demo-node-$id
-pods=()
+net=192.168.50
+underlay=demo-underlay-$id
+network=10.244.0.0/16
+nodes=(1 2 3)
+pods_per_node=(1 2)
+namespaces=()
 pids=()
+step_no=0
+steps=11
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-show() { printf '$ %s\n' "$*"; "$@" | sed 's/^/    /'; }
-in_host() { nsenter --net=/run/netns/$host "$@"; }
+step() { step_no=$((step_no + 1)); printf '\n\033[1m[%d/%d] %s\033[0m\n' "$step_no" "$steps" "$*"; }
+show() { printf '$ %s\n' "$*"; "$@" 2>&1 | sed 's/^/    /'; }
+fail() { printf '\n\033[1;31mFAILED: %s\033[0m\n' "$*" >&2; exit 1; }
+node_ns() { echo "demo-node$1-$id"; }
+pod_ns() { echo "demo-n$1p$2-$id"; }
+# Background processes are started with nsenter directly (it execs), so that $! is their pid.
+in_node() { local n=$1; shift; nsenter --net="/run/netns/$(node_ns "$n")" "$@"; }
+in_underlay() { nsenter --net="/run/netns/$underlay" "$@"; }
+add_ns() { ip netns add "$1"; namespaces+=("$1"); ip -n "$1" link set lo up; }
 
-cleanup() {
-    set +e
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    for p in "${pods[@]}"; do ip netns del "$p" 2>/dev/null; done
-    ip netns del "$host" 2>/dev/null
-    rm -rf "$prefix"
+# The teardown, written out so that --keep can hand it to the user: processes first (only
+# those whose command line names this demo's prefix, in case a pid was reused since), then
+# the namespaces, then the prefix.
+write_teardown() {
+    {
+        echo '#!/usr/bin/env bash'
+        echo "# Removes the demo cluster started by $0 (prefix $prefix)."
+        echo "for p in ${pids[*]:-}; do"
+        echo "    grep -qs -- '$prefix' /proc/\$p/cmdline && kill \$p"
+        echo 'done'
+        echo "for p in ${pids[*]:-}; do"
+        echo "    for _ in \$(seq 50); do grep -qs -- '$prefix' /proc/\$p/cmdline || break; sleep 0.1; done"
+        echo 'done'
+        echo "for ns in ${namespaces[*]:-}; do ip netns del \$ns 2>/dev/null; done"
+        echo "rm -rf '$prefix'"
+    } >"$prefix/teardown.sh"
+    chmod +x "$prefix/teardown.sh"
 }
-trap cleanup EXIT
+
+finish() {
+    local status=$?
+    set +e
+    write_teardown
+    if [ "$keep" = 1 ]; then
+        printf '\nThe cluster is left up (%s). Nodes: %s; underlay: %s.\n' \
+            "$([ $status = 0 ] && echo complete || echo after a failure)" \
+            "$(for n in "${nodes[@]}"; do printf '%s ' "$(node_ns "$n")"; done)" "$underlay"
+        printf 'Enter a node: nsenter --net=/run/netns/%s bash\n' "$(node_ns 1)"
+        printf 'Tear it down: %s/teardown.sh\n' "$prefix"
+    else
+        "$prefix/teardown.sh"
+    fi
+    exit $status
+}
+trap finish EXIT
 
 # Runs one plugin exactly as a runtime does: CNI_* in the environment, the config on stdin,
-# inside the node's namespace. Prints the plugin's stdout.
+# inside node $1's namespace. Prints the plugin's stdout; fails the step naming node and pod.
 cni() {
-    local command=$1 plugin=$2 container=$3 netns=$4 ifname=$5 config=$6
-    CNI_COMMAND=$command CNI_CONTAINERID=$container CNI_NETNS=$netns CNI_IFNAME=$ifname \
-        CNI_PATH=$prefix/bin in_host "$prefix/bin/$plugin" <<<"$config"
+    local node=$1 command=$2 plugin=$3 container=$4 netns=$5 ifname=$6 config=$7 out
+    if ! out=$(CNI_COMMAND=$command CNI_CONTAINERID=$container CNI_NETNS=$netns CNI_IFNAME=$ifname \
+        CNI_PATH=$prefix/bin in_node "$node" "$prefix/bin/$plugin" <<<"$config"); then
+        fail "node $node: $plugin $command for $container: $out"
+    fi
+    printf '%s' "$out"
 }
 
-"$top/scripts/deps.sh" demo
-
-step "build (release) and install into $prefix"
-"$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf
-printf '$ CNI_COMMAND=VERSION %s/bin/bridge\n    ' "$prefix"
-CNI_COMMAND=VERSION "$prefix/bin/bridge" </dev/null
-
-step "a node: network namespace $host"
-ip netns add "$host"
-in_host ip link set lo up
-
-step "the fabric daemon: flanneld takes a subnet lease for the node and writes subnet.env"
-# The node's uplink, as on a real machine: flanneld picks the default route's interface.
-in_host ip link add eth0 type veth peer name uplink0
-in_host ip addr add 192.168.50.2/24 dev eth0
-in_host ip link set eth0 up
-in_host ip link set uplink0 up
-in_host ip route add default via 192.168.50.1 dev eth0 onlink
-mkdir -p "$prefix/registry" "$prefix/run/flannel"
-echo '{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}' >"$prefix/registry/config"
-show cat "$prefix/registry/config"
-# No --etcd-endpoints: the embedded registry, a directory the node's daemons share.
-in_host "$prefix/bin/flanneld" --registry-dir "$prefix/registry" \
-    --subnet-file "$prefix/run/flannel/subnet.env" --ip-masq 2>"$prefix/flanneld.log" &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$prefix/run/flannel/subnet.env" ] && break; sleep 0.1; done
-[ -s "$prefix/run/flannel/subnet.env" ] || { cat "$prefix/flanneld.log" >&2; exit 1; }
-sed 's/^[^ ]* *//; s/^/    flanneld: /' "$prefix/flanneld.log"
-show cat "$prefix/run/flannel/subnet.env"
-show ls "$prefix/registry/subnets"
-gateway=$(sed -n 's/^FLANNEL_SUBNET=\(.*\)\/.*/\1/p' "$prefix/run/flannel/subnet.env")
-
-# The stock kube-flannel conflist (testdata/10-flannel.conflist), with the file locations
-# pointed into the prefix. Each plugin receives the list's name and cniVersion.
-flannel_conf="{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"flannel\",
-  \"subnetFile\":\"$prefix/run/flannel/subnet.env\",\"dataDir\":\"$prefix/lib/cni/flannel\",
-  \"ipam\":{\"dataDir\":\"$prefix/lib/cni/networks\"},
-  \"delegate\":{\"hairpinMode\":true,\"isDefaultGateway\":true}}"
+# The plugins of the stock conflist (testdata/10-flannel.conflist) as libcni hands them over:
+# each gets the list's name and cniVersion; the file locations point into the node's directory.
+flannel_conf() {
+    local n=$1
+    echo "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"flannel\",
+      \"subnetFile\":\"$prefix/node$n/subnet.env\",\"dataDir\":\"$prefix/node$n/flannel\",
+      \"ipam\":{\"dataDir\":\"$prefix/node$n/networks\"},
+      \"delegate\":{\"hairpinMode\":true,\"isDefaultGateway\":true}}"
+}
 loopback_conf='{"cniVersion":"0.3.1","name":"cbr0","type":"loopback"}'
+mappings_of() { if [ "$1$2" = 11 ]; then echo '[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]'; else echo '[]'; fi; }
+portmap_conf() {
+    echo "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",
+      \"capabilities\":{\"portMappings\":true},\"runtimeConfig\":{\"portMappings\":$1}${2:+,\"prevResult\":$2}}"
+}
 
-for i in 1 2; do
-    pod=demo-pod$i-$id
-    container=demo-container-$i-$id
-    step "pod $i: namespace $pod, then loopback, flannel (-> bridge -> host-local) and portmap"
-    ip netns add "$pod"
-    pods+=("$pod")
-    show cni ADD loopback "$container" "/run/netns/$pod" lo "$loopback_conf"
-    result=$(cni ADD flannel "$container" "/run/netns/$pod" eth0 "$flannel_conf")
-    printf '$ flannel ADD ->\n    %s\n' "$result"
-    mappings='[]'
-    [ "$i" = 1 ] && mappings='[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]'
-    portmap_conf="{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",
-      \"capabilities\":{\"portMappings\":true},\"runtimeConfig\":{\"portMappings\":$mappings},
-      \"prevResult\":$result}"
-    cni ADD portmap "$container" "/run/netns/$pod" eth0 "$portmap_conf" >/dev/null
-    show ip -n "$pod" -br addr show eth0
-    show ip -n "$pod" route
+# subnet.env's value of $2 on node $1.
+env_of() { sed -n "s/^$2=//p" "$prefix/node$1/subnet.env"; }
+# The lease key (10.244.5.0-24) of node $1, from its FLANNEL_SUBNET.
+lease_of() { env_of "$1" FLANNEL_SUBNET | sed 's/\.[0-9]*\/\([0-9]*\)$/.0-\1/'; }
+pod_ip() { ip -n "$(pod_ns "$1" "$2")" -4 -o addr show eth0 2>/dev/null | awk '{print $4}' | cut -d/ -f1; }
+
+step "packages: $top/scripts/deps.sh demo"
+"$top/scripts/deps.sh" demo
+if [ "$use_etcd" = 1 ] && ! { command -v etcd && command -v etcdctl; } >/dev/null; then
+    echo "installing etcd-server and etcd-client for --etcd"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
+fi
+
+case "$build" in
+    release) step "build (release) and install into $prefix"
+        "$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf ;;
+    none) step "install the release binaries already built into $prefix"
+        "$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf --no-build ;;
+    debug) step "build (debug) and install into $prefix"
+        (cd "$top" && cargo build --workspace --bins --quiet)
+        mkdir -p "$prefix/bin" "$prefix/net.d"
+        for b in flannel bridge host-local portmap loopback flanneld; do
+            install -m 0755 "${CARGO_TARGET_DIR:-$top/target}/debug/$b" "$prefix/bin/$b"
+        done
+        install -m 0644 "$top"/testdata/*.conflist "$prefix/net.d/" ;;
+esac
+show cat "$prefix/net.d/10-flannel.conflist"
+
+step "the underlay: namespace $underlay with bridge br0 at $net.254/24"
+add_ns "$underlay"
+in_underlay ip link add br0 type bridge
+in_underlay ip addr add "$net.254/24" dev br0
+in_underlay ip link set br0 up
+
+step "three nodes, each a namespace whose eth0 is plugged into the underlay's bridge"
+for n in "${nodes[@]}"; do
+    ns=$(node_ns "$n")
+    add_ns "$ns"
+    mkdir -p "$prefix/node$n"
+    in_underlay ip link add "n$n" type veth peer name eth0 netns "/run/netns/$ns" ||
+        fail "node $n: plugging eth0 into the underlay"
+    in_underlay ip link set "n$n" master br0 up
+    in_node "$n" ip addr add "$net.$n/24" dev eth0
+    in_node "$n" ip link set eth0 up
+    in_node "$n" ip route add default via "$net.254" dev eth0
+    in_node "$n" sysctl -qw net.ipv4.ip_forward=1
+    printf '    node %s: %s, eth0 %s.%s/24, default via %s.254\n' "$n" "$ns" "$net" "$n" "$net"
 done
 
-step "what the node holds now"
-show in_host ip -br link
-show in_host ip -br addr show cni0
-show ls "$prefix/lib/cni/networks/cbr0" "$prefix/lib/cni/flannel"
-show sh -c "nsenter --net=/run/netns/$host iptables-save -t nat | grep -E 'CNI|cbr0'"
+config="{\"Network\":\"$network\",\"Backend\":{\"Type\":\"$backend\"}}"
+if [ "$use_etcd" = 1 ]; then
+    etcd_url="http://$net.254:2379"
+    step "the registry: etcd in the underlay at $etcd_url, holding the network config"
+    nsenter --net="/run/netns/$underlay" etcd --name demo --data-dir "$prefix/etcd" \
+        --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster demo=http://127.0.0.1:2380 --log-level warn 2>"$prefix/etcd.log" &
+    pids+=($!)
+    etcdctl() { in_underlay env ETCDCTL_API=3 etcdctl --endpoints "$etcd_url" --command-timeout=5s "$@"; }
+    for _ in $(seq 100); do etcdctl endpoint health >/dev/null 2>&1 && break; sleep 0.2; done
+    etcdctl endpoint health >/dev/null 2>&1 || { cat "$prefix/etcd.log" >&2; fail "underlay: etcd did not answer at $etcd_url within 20 s"; }
+    etcdctl put /coreos.com/network/config -- "$config" >/dev/null
+    show etcdctl get /coreos.com/network/config
+    registry_args=(--etcd-endpoints "$etcd_url")
+else
+    step "the registry: the embedded one, a directory every node's flanneld shares"
+    mkdir -p "$prefix/registry"
+    echo "$config" >"$prefix/registry/config"
+    show cat "$prefix/registry/config"
+    registry_args=(--registry-dir "$prefix/registry")
+fi
 
-step "traffic: pod 2 pings pod 1; the node reaches pod 1's web server through host port 8080"
-mkdir -p "$prefix/www" && echo "hello from pod 1" >"$prefix/www/index.html"
-ip netns exec "demo-pod1-$id" busybox httpd -f -p 80 -h "$prefix/www" &
+step "flanneld on every node: a lease, subnet.env, then the $backend entries for the other nodes"
+for n in "${nodes[@]}"; do
+    nsenter --net="/run/netns/$(node_ns "$n")" "$prefix/bin/flanneld" "${registry_args[@]}" --iface eth0 \
+        --subnet-file "$prefix/node$n/subnet.env" --ip-masq 2>"$prefix/node$n/flanneld.log" &
+    pids+=($!)
+done
+for n in "${nodes[@]}"; do
+    for _ in $(seq 150); do [ -s "$prefix/node$n/subnet.env" ] && break; sleep 0.1; done
+    [ -s "$prefix/node$n/subnet.env" ] || { cat "$prefix/node$n/flanneld.log" >&2; fail "node $n: flanneld wrote no subnet.env within 15 s"; }
+    printf '    node %s: lease %s, FLANNEL_MTU=%s\n' "$n" "$(lease_of "$n")" "$(env_of "$n" FLANNEL_MTU)"
+done
+# Every node has a route to every other node's subnet before any pod talks.
+for n in "${nodes[@]}"; do
+    for m in "${nodes[@]}"; do
+        [ "$n" = "$m" ] && continue
+        dst=$(lease_of "$m" | tr - /)
+        for _ in $(seq 100); do [ -n "$(in_node "$n" ip route show "$dst")" ] && break; sleep 0.1; done
+        [ -n "$(in_node "$n" ip route show "$dst")" ] || {
+            tail -n 20 "$prefix/node$n/flanneld.log" >&2
+            fail "node $n: no route to node $m's subnet $dst within 10 s"
+        }
+    done
+    printf '    node %s: routes to the other nodes: %s\n' "$n" \
+        "$(in_node "$n" ip route show root "$network" | grep -v ' dev cni0' | awk '{print $1}' | paste -sd' ')"
+done
+
+step "two pods per node: loopback, flannel (-> bridge -> host-local) and portmap, as a runtime runs them"
+for n in "${nodes[@]}"; do
+    for k in "${pods_per_node[@]}"; do
+        pod=$(pod_ns "$n" "$k")
+        add_ns "$pod"
+        cni "$n" ADD loopback "$pod" "/run/netns/$pod" lo "$loopback_conf" >/dev/null
+        result=$(cni "$n" ADD flannel "$pod" "/run/netns/$pod" eth0 "$(flannel_conf "$n")")
+        cni "$n" ADD portmap "$pod" "/run/netns/$pod" eth0 "$(portmap_conf "$(mappings_of "$n" "$k")" "$result")" >/dev/null
+        mtu=$(ip -n "$pod" -o link show eth0 2>/dev/null | sed -n 's/.* mtu \([0-9]*\).*/\1/p')
+        [ "$mtu" = "$(env_of "$n" FLANNEL_MTU)" ] || fail "node $n: pod $pod has MTU $mtu, FLANNEL_MTU is $(env_of "$n" FLANNEL_MTU)"
+        printf '    node %s pod %s: %s, mtu %s (%s)\n' "$n" "$k" "$(pod_ip "$n" "$k")" "$mtu" "$pod"
+    done
+done
+
+step "every pod pings every other pod (one echo each, 2 s to answer)"
+all=()
+for n in "${nodes[@]}"; do for k in "${pods_per_node[@]}"; do all+=("$n:$k"); done; done
+printf '    %-14s' "from \\ to"
+for to in "${all[@]}"; do printf '%-9s' "n${to%:*}p${to#*:}"; done
+echo
+failed=()
+for from in "${all[@]}"; do
+    printf '    %-14s' "n${from%:*}p${from#*:}"
+    for to in "${all[@]}"; do
+        if [ "$from" = "$to" ]; then printf '%-9s' "-"; continue; fi
+        if ip netns exec "$(pod_ns "${from%:*}" "${from#*:}")" busybox ping -c 1 -W 2 \
+            "$(pod_ip "${to%:*}" "${to#*:}")" >/dev/null 2>&1; then
+            printf '%-9s' "ok"
+        else
+            printf '%-9s' "LOST"
+            failed+=("node ${from%:*} pod ${from#*:} -> node ${to%:*} pod ${to#*:} ($(pod_ip "${to%:*}" "${to#*:}"))")
+        fi
+    done
+    echo
+done
+[ ${#failed[@]} = 0 ] || fail "$(printf '%s\n' "no answer:" "${failed[@]}")"
+
+step "TCP: a web server in node 1's pod 1, reached from a pod on node 3 and through host port 8080 from node 2"
+mkdir -p "$prefix/www" && echo "hello from node 1 pod 1" >"$prefix/www/index.html"
+nsenter --net="/run/netns/$(pod_ns 1 1)" busybox httpd -f -p 80 -h "$prefix/www" &
 pids+=($!)
-sleep 0.3
-pod1_ip=$(ip -n "demo-pod1-$id" -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1)
-show ip netns exec "demo-pod2-$id" busybox ping -c 2 -W 1 "$pod1_ip"
-printf '$ GET http://%s:8080/ from the node\n' "$gateway"
-printf 'GET / HTTP/1.0\r\n\r\n' | in_host socat -t 2 - "TCP:$gateway:8080" | sed 's/^/    /'
+web=$(pod_ip 1 1)
+for _ in $(seq 30); do ip netns exec "$(pod_ns 1 1)" ss -Htln 'sport = :80' | grep -q . && break; sleep 0.1; done
+printf '$ GET http://%s/ from node 3 pod 2\n' "$web"
+page=$(printf 'GET / HTTP/1.0\r\n\r\n' | ip netns exec "$(pod_ns 3 2)" socat -t 3 - "TCP:$web:80,connect-timeout=3" | tail -n 1) ||
+    fail "node 3: pod 2 could not connect to http://$web/ on node 1's pod 1"
+[ -n "$page" ] || fail "node 3: pod 2 got no answer from http://$web/ on node 1's pod 1"
+echo "    $page"
+printf '$ GET http://%s.1:8080/ from node 2 (portmap on node 1 forwards it to the pod)\n' "$net"
+page=$(printf 'GET / HTTP/1.0\r\n\r\n' | in_node 2 socat -t 3 - "TCP:$net.1:8080,connect-timeout=3" | tail -n 1) ||
+    fail "node 2: no answer from host port 8080 on node 1"
+[ -n "$page" ] || fail "node 2: host port 8080 on node 1 answered nothing"
+echo "    $page"
 
-step "tear down in reverse, as the runtime does at pod removal"
-for i in 2 1; do
-    pod=demo-pod$i-$id
-    container=demo-container-$i-$id
-    mappings='[]'
-    [ "$i" = 1 ] && mappings='[{"hostPort":8080,"containerPort":80,"protocol":"tcp"}]'
-    # As at ADD, the runtime passes the mappings again; DEL needs no prevResult.
-    cni DEL portmap "$container" "/run/netns/$pod" eth0 \
-        "{\"cniVersion\":\"0.3.1\",\"name\":\"cbr0\",\"type\":\"portmap\",\"capabilities\":{\"portMappings\":true},\"runtimeConfig\":{\"portMappings\":$mappings}}"
-    cni DEL flannel "$container" "/run/netns/$pod" eth0 "$flannel_conf"
-    cni DEL loopback "$container" "/run/netns/$pod" lo "$loopback_conf"
+step "what each node holds: its lease, routes, neighbours and FDB entries"
+for n in "${nodes[@]}"; do
+    key=$(lease_of "$n")
+    printf '\n  node %s (%s, %s.%s)\n' "$n" "$(node_ns "$n")" "$net" "$n"
+    if [ "$use_etcd" = 1 ]; then
+        printf '    lease %s: %s\n' "$key" "$(etcdctl get --print-value-only "/coreos.com/network/subnets/$key")"
+    else
+        printf '    lease %s: %s\n' "$key" "$(cat "$prefix/registry/subnets/$key")"
+    fi
+    show in_node "$n" ip route
+    if in_node "$n" ip link show flannel.1 >/dev/null 2>&1; then
+        show in_node "$n" ip neigh show dev flannel.1
+        show in_node "$n" bridge fdb show dev flannel.1
+    else
+        printf '    (no flannel.1: %s routes via the other nodes'"'"' addresses, no neighbours or FDB entries of its own)\n' "$backend"
+    fi
 done
-show ls -A "$prefix/lib/cni/networks/cbr0" "$prefix/lib/cni/flannel"
-printf '$ iptables-save -t nat on the node, rules naming the containers:\n'
-in_host iptables-save -t nat | grep "demo-container" | sed 's/^/    /' || echo "    (none)"
-step "done: the namespaces and $prefix are removed on exit"
+
+if [ "$keep" = 1 ]; then
+    step "done: left up as asked (--keep)"
+    exit 0
+fi
+step "tear down: each pod removed as the runtime does (portmap, flannel, loopback), then the nodes"
+for n in "${nodes[@]}"; do
+    for k in "${pods_per_node[@]}"; do
+        pod=$(pod_ns "$n" "$k")
+        cni "$n" DEL portmap "$pod" "/run/netns/$pod" eth0 "$(portmap_conf "$(mappings_of "$n" "$k")")" >/dev/null
+        cni "$n" DEL flannel "$pod" "/run/netns/$pod" eth0 "$(flannel_conf "$n")" >/dev/null
+        cni "$n" DEL loopback "$pod" "/run/netns/$pod" lo "$loopback_conf" >/dev/null
+    done
+    left=$(ls -A "$prefix/node$n/flannel" "$prefix/node$n/networks/cbr0" 2>/dev/null | grep -v -e '^$' -e ':$' -e '^lock$' -e '^last_reserved_ip' || true)
+    [ -z "$left" ] || fail "node $n: DEL left files behind: $left"
+    printf '    node %s: both pods deleted, no saved config or address left\n' "$n"
+done
+echo "    namespaces, processes and $prefix are removed on exit"
