@@ -1,12 +1,16 @@
 //! ADD and DEL of our host-local and the Go one, side by side in the same run, with
 //! 10, 1,000 and 10,000 addresses already allocated in a /16.
 //!
-//! `cargo bench -p host-local`. Each implementation gets its own dataDir, pre-filled by
+//! `cargo bench -p host-local [-- throughput]`. Each implementation gets its own dataDir, pre-filled by
 //! writing reservation files directly in the Go format; each timed ADD is followed by a
 //! timed DEL of the same container, so the count stays put. Sizes and implementations
 //! take turns in a shuffled order within each iteration so that every series sees the
 //! same machine. Times are whole process runs, as a runtime sees them; the `floor` row
 //! is `/bin/true` started the same way.
+//!
+//! Then throughput: ADDs into one network by 8 runtime threads at once (each starting its
+//! next plugin as soon as the last one exits) against one thread, ours and Go taking turns
+//! block by block.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,6 +21,11 @@ const GO: &str = "/usr/lib/cni/host-local";
 const SIZES: [usize; 3] = [10, 1_000, 10_000];
 const ITERATIONS: usize = 200;
 const WARMUP: usize = 5;
+/// Runtime threads starting plugins at once in the throughput rows.
+const CONCURRENCY: usize = 8;
+/// ADDs per timed block, and blocks per implementation and concurrency.
+const BLOCK: usize = 200;
+const BLOCKS: usize = 5;
 
 struct Impl {
     bin: PathBuf,
@@ -109,6 +118,10 @@ fn main() {
         eprintln!("{GO} is not installed: measuring ours alone");
     }
 
+    // `cargo bench -p host-local -- throughput` measures throughput alone.
+    if std::env::args().any(|a| a == "throughput") {
+        return throughput(&impls, scratch.path());
+    }
     // times[size][impl][op]: every series sees the same stretch of machine time, since
     // sizes and implementations take turns within each iteration.
     let mut times: Vec<Vec<[Vec<Duration>; 2]>> = SIZES
@@ -225,6 +238,71 @@ fn main() {
             "ours {op}: 10,000 vs 10 allocated: p50 {:.2}x, p99 {:.2}x",
             large.ours.0.as_secs_f64() / small.ours.0.as_secs_f64(),
             large.ours.1.as_secs_f64() / small.ours.1.as_secs_f64()
+        );
+    }
+    throughput(&impls, scratch.path());
+}
+
+/// `BLOCK` ADDs into a fresh network by `threads` threads at once, then their DELs (untimed);
+/// the ADDs' wall time.
+fn add_block(bin: &Path, data_dir: &Path, threads: usize, tag: &str) -> Duration {
+    let _ = std::fs::remove_dir_all(data_dir);
+    let conf = config(data_dir);
+    let per_thread = BLOCK / threads;
+    let all = |command: &'static str| {
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let conf = &conf;
+                s.spawn(move || {
+                    for i in 0..per_thread {
+                        run(bin, command, &format!("{tag}-{t}-{i}"), conf);
+                    }
+                });
+            }
+        })
+    };
+    let started = Instant::now();
+    all("ADD");
+    let took = started.elapsed();
+    all("DEL");
+    took
+}
+
+fn throughput(impls: &[Impl], scratch: &Path) {
+    // totals[impl][sequential, concurrent]
+    let mut totals = vec![[Duration::ZERO; 2]; impls.len()];
+    for block in 0..BLOCKS {
+        for (c, threads) in [1, CONCURRENCY].into_iter().enumerate() {
+            for (k, im) in impls.iter().enumerate() {
+                let dir = scratch.join(format!("throughput-{k}"));
+                totals[k][c] += add_block(&im.bin, &dir, threads, &format!("t{block}{c}"));
+            }
+        }
+    }
+    let rate = |d: Duration| (BLOCK * BLOCKS) as f64 / d.as_secs_f64();
+    println!();
+    println!(
+        "host-local throughput: {} ADDs into an empty /16 per row, in {BLOCKS} blocks taking turns",
+        BLOCK * BLOCKS
+    );
+    println!(
+        "{:>6} | {:>16} | {:>22} | {:>8}",
+        "",
+        "ADDs/s, 1 thread",
+        format!("ADDs/s, {CONCURRENCY} at once"),
+        "speed-up"
+    );
+    for (k, name) in ["ours", "go"].iter().enumerate().take(impls.len()) {
+        let (seq, conc) = (rate(totals[k][0]), rate(totals[k][1]));
+        println!(
+            "{name:>6} | {seq:>16.0} | {conc:>22.0} | {:>7.2}x",
+            conc / seq
+        );
+    }
+    if impls.len() == 2 {
+        println!(
+            "ours / go at {CONCURRENCY} at once: {:.1}x",
+            rate(totals[0][1]) / rate(totals[1][1])
         );
     }
 }
