@@ -24,8 +24,11 @@ impl Plugin for HostLocal {
             Some(path) => load_resolv_conf(path)?,
             None => Dns::default(),
         };
-        let mut store = Store::open(&conf.network_dir())?;
-        let ips = allocate(&mut store, &conf, &key_of(req));
+        let key = key_of(req);
+        // One address per range set: their files are made before the lock is taken.
+        let mut store =
+            Store::open_to_reserve(&conf.network_dir(), Some(&key), conf.rangesets.len())?;
+        let ips = allocate(&mut store, &conf, &key);
         store.close();
         Ok(CniResult {
             ips: ips?,

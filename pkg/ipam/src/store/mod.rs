@@ -10,6 +10,12 @@
 //! named temporary (`.host-local.tmp.*`) is linked instead and removed after; one left
 //! by a crash is removed on the next rebuild.
 //!
+//! ADD makes its unnamed files before taking the lock ([`Store::open_to_reserve`]): creating
+//! an inode is the slow part of a reservation (hundreds of microseconds on ext4, more while
+//! the journal commits), and under the lock it made concurrent ADDs take turns for it. The
+//! lock covers only the decision and the link. An unnamed file that is never linked
+//! disappears with the process, also when it is killed.
+//!
 //! Lookups by key go through [`index::Index`] so that ADD and DEL do not read every
 //! reservation; the index is checked against the directory on every open and rebuilt
 //! from the files when anything but this store changed them.
@@ -84,6 +90,17 @@ fn last_os_error() -> io::Error {
     io::Error::last_os_error()
 }
 
+/// An unnamed file (O_TMPFILE, mode 0600) in `dir` holding `content`, for linking later.
+fn unnamed_file(dir: &Path, content: &[u8]) -> io::Result<File> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)?;
+    f.write_all(content)?;
+    Ok(f)
+}
+
 /// One reservation found on disk.
 #[derive(Debug, Clone)]
 pub struct Reservation {
@@ -115,11 +132,21 @@ pub struct Store {
     link_mode: LinkMode,
     misses: u32,
     known_taken: Option<HashSet<IpAddr>>,
+    /// Unnamed files made before the lock, each holding `prepared_content`, to be linked.
+    prepared: Vec<File>,
+    prepared_content: Vec<u8>,
 }
 
 impl Store {
     /// Opens `<dataDir>/<network>`, creating it (0755) when missing, and takes its lock.
     pub fn open(dir: &Path) -> Result<Store, CniError> {
+        Self::open_to_reserve(dir, None, 0)
+    }
+
+    /// As [`Store::open`], for ADD: first, outside the lock, makes `count` unnamed files
+    /// holding `key`'s record (one per address ADD will reserve), so that under the lock a
+    /// reservation is only a link.
+    pub fn open_to_reserve(dir: &Path, key: Option<&Key>, count: usize) -> Result<Store, CniError> {
         if !dir.is_dir() {
             DirBuilder::new()
                 .recursive(true)
@@ -127,7 +154,19 @@ impl Store {
                 .create(dir)
                 .map_err(|e| io_err(format!("creating {}", dir.display()), e))?;
         }
-        Self::lock_and_load(dir, LinkMode::TmpFile)
+        let content = key.map(|k| k.record().into_bytes()).unwrap_or_default();
+        let mut prepared = Vec::with_capacity(count);
+        for _ in 0..count {
+            match unnamed_file(dir, &content) {
+                Ok(f) => prepared.push(f),
+                // Made under the lock instead, or by a named temporary where unsupported.
+                Err(_) => break,
+            }
+        }
+        let mut store = Self::lock_and_load(dir, LinkMode::TmpFile)?;
+        store.prepared = prepared;
+        store.prepared_content = content;
+        Ok(store)
     }
 
     /// Opens an existing network directory; None when there is none (nothing is held there).
@@ -156,6 +195,7 @@ impl Store {
             .custom_flags(libc::O_DIRECTORY)
             .open(dir)
             .map_err(|e| io_err(format!("opening {}", dir.display()), e))?;
+        let boot = boot_id();
         let lock_path = dir.join(LOCK_NAME);
         let lock = OpenOptions::new()
             .read(true)
@@ -175,7 +215,6 @@ impl Store {
                 return Err(io_err(format!("locking {}", lock_path.display()), e));
             }
         }
-        let boot = boot_id();
         let mut store = Store {
             dir: dir.to_path_buf(),
             dir_file,
@@ -188,6 +227,8 @@ impl Store {
             link_mode,
             misses: 0,
             known_taken: None,
+            prepared: Vec::new(),
+            prepared_content: Vec::new(),
         };
         let stamp = store.stamp()?;
         match Index::load(dir, &stamp) {
@@ -420,13 +461,24 @@ impl Store {
             .map_err(|e| io_err(format!("creating {}", self.path(name).display()), e))
     }
 
-    fn link_tmpfile(&self, name: &str, content: &[u8]) -> io::Result<bool> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE)
-            .open(&self.dir)?;
-        f.write_all(content)?;
+    fn link_tmpfile(&mut self, name: &str, content: &[u8]) -> io::Result<bool> {
+        let prepared = (content == self.prepared_content)
+            .then(|| self.prepared.pop())
+            .flatten();
+        let f = match prepared {
+            Some(f) => f,
+            None => unnamed_file(&self.dir, content)?,
+        };
+        let linked = self.link_unnamed(&f, name);
+        if matches!(linked, Ok(false)) {
+            // Still unnamed: the next candidate address can have it.
+            self.prepared.push(f);
+        }
+        linked
+    }
+
+    /// Gives the unnamed file `f` the name `name`; false when the name exists.
+    fn link_unnamed(&self, f: &File, name: &str) -> io::Result<bool> {
         let target = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
         // SAFETY: valid descriptors and NUL-terminated paths.
         let rc = unsafe {
@@ -745,6 +797,52 @@ mod tests {
                 "named temporaries: {named}"
             );
         }
+    }
+
+    #[test]
+    fn files_made_before_the_lock_are_linked_and_a_taken_name_keeps_them_for_the_next() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("net");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("10.0.0.2"), "someone\r\neth0").unwrap();
+        let k = Key::new("ctr", "eth0");
+        let mut s = Store::open_to_reserve(&dir, Some(&k), 2).unwrap();
+        assert_eq!(s.prepared.len(), 2);
+        // A taken name leaves the prepared file unnamed and ready for the next address.
+        assert!(!s.reserve(&k, ip("10.0.0.2")).unwrap());
+        assert_eq!(s.prepared.len(), 2);
+        assert!(s.reserve(&k, ip("10.0.0.3")).unwrap());
+        assert!(s.reserve(&k, ip("fd00::3")).unwrap());
+        assert!(s.prepared.is_empty());
+        // Once they are used up, a file is made under the lock as before.
+        assert!(s.reserve(&k, ip("10.0.0.4")).unwrap());
+        s.close();
+        for name in ["10.0.0.3", "fd00::3", "10.0.0.4"] {
+            assert_eq!(
+                std::fs::read(dir.join(name)).unwrap(),
+                b"ctr\r\neth0",
+                "{name}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(dir.join("10.0.0.2")).unwrap(),
+            b"someone\r\neth0"
+        );
+
+        // Files never linked leave nothing behind.
+        let s = Store::open_to_reserve(&dir, Some(&Key::new("unused", "eth0")), 2).unwrap();
+        drop(s);
+        assert_eq!(
+            names(&dir),
+            [
+                ".host-local.index",
+                "10.0.0.2",
+                "10.0.0.3",
+                "10.0.0.4",
+                "fd00::3",
+                "lock"
+            ]
+        );
     }
 
     #[test]
