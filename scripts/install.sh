@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Builds the suite in release mode and installs the plugins (and the fabric daemon, once it
-# exists) into a CNI bin directory, and, only when asked, the conflists into a conf directory.
+# Builds the suite in release mode and installs the plugins into a CNI bin directory, and, only
+# when asked, the conflists into a conf directory and the fabric daemon with its systemd unit.
 # Each file is replaced by a rename, so a runtime exec'ing a plugin mid-install sees either the
 # old binary or the new one, never a half-written file.
 set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--no-build]
-  --bin-dir DIR   where the plugins go (default /opt/cni/bin)
-  --conf-dir DIR  where the conflists go with --with-conf (default /etc/cni/net.d)
-  --with-conf     also install testdata/*.conflist
-  --no-build      install what target/release already holds
+usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--daemon [--daemon-bin-dir DIR]
+          [--systemd-dir DIR] [--env-file PATH]] [--no-build]
+  --bin-dir DIR         where the five plugins go (default /opt/cni/bin)
+  --conf-dir DIR        where the conflists go with --with-conf (default /etc/cni/net.d)
+  --with-conf           also install testdata/*.conflist
+  --daemon              also install the fabric daemon:
+                          flanneld            into --daemon-bin-dir (default /usr/local/bin)
+                          flanneld.service    into --systemd-dir (default /etc/systemd/system),
+                                              its ExecStart= and EnvironmentFile= pointing there
+                          flanneld.env        as --env-file (default /etc/default/flanneld),
+                                              only if that file does not exist yet
+                        then: systemctl daemon-reload && systemctl enable --now flanneld
+  --no-build            install what target/release already holds
 USAGE
 }
 
@@ -19,14 +27,29 @@ bin_dir=/opt/cni/bin
 conf_dir=/etc/cni/net.d
 with_conf=0
 build=1
+daemon=0
+daemon_bin_dir=/usr/local/bin
+systemd_dir=/etc/systemd/system
+env_file=/etc/default/flanneld
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin-dir) bin_dir=${2:?--bin-dir needs a directory}; shift 2 ;;
         --conf-dir) conf_dir=${2:?--conf-dir needs a directory}; shift 2 ;;
         --with-conf) with_conf=1; shift ;;
+        --daemon) daemon=1; shift ;;
+        --daemon-bin-dir) daemon_bin_dir=${2:?--daemon-bin-dir needs a directory}; shift 2 ;;
+        --systemd-dir) systemd_dir=${2:?--systemd-dir needs a directory}; shift 2 ;;
+        --env-file) env_file=${2:?--env-file needs a path}; shift 2 ;;
         --no-build) build=0; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+for d in "$daemon_bin_dir" "$systemd_dir" "$env_file"; do
+    case "$d" in
+        *[[:space:]\|\&]*) echo "$d: the unit names it, so no blank, | or & in it" >&2; exit 2 ;;
+        /*) ;;
+        *) echo "$d: the unit names it, so it must be an absolute path" >&2; exit 2 ;;
     esac
 done
 
@@ -63,19 +86,43 @@ place() {
     echo "installed $dir/$name"
 }
 
-# All or nothing: a missing binary stops the install before any plugin is replaced.
-for p in "${plugins[@]}"; do
+# All or nothing: a missing file stops the install before anything is replaced.
+wanted=("${plugins[@]}")
+[ "$daemon" = 1 ] && wanted+=("${daemons[@]}")
+for p in "${wanted[@]}"; do
     [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
 done
+unit_src=$top/deploy/systemd/flanneld.service
+env_src=$top/deploy/systemd/flanneld.env
+if [ "$daemon" = 1 ]; then
+    for f in "$unit_src" "$env_src"; do
+        [ -f "$f" ] || { echo "missing $f" >&2; exit 1; }
+    done
+fi
+
 mkdir -p "$bin_dir"
 for p in "${plugins[@]}"; do
     place "$target/$p" "$bin_dir" "$p" 0755
 done
-for d in "${daemons[@]}"; do
-    if [ -x "$target/$d" ]; then
-        place "$target/$d" "$bin_dir" "$d" 0755
+
+if [ "$daemon" = 1 ]; then
+    mkdir -p "$daemon_bin_dir" "$systemd_dir" "$(dirname "$env_file")"
+    for d in "${daemons[@]}"; do
+        place "$target/$d" "$daemon_bin_dir" "$d" 0755
+    done
+    unit=$(mktemp)
+    trap 'rm -f "$unit"' EXIT
+    sed -e "s|^ExecStart=/usr/local/bin/flanneld|ExecStart=$daemon_bin_dir/flanneld|" \
+        -e "s|^EnvironmentFile=/etc/default/flanneld|EnvironmentFile=$env_file|" \
+        "$unit_src" >"$unit"
+    place "$unit" "$systemd_dir" flanneld.service 0644
+    # The environment file is the operator's configuration: never replaced.
+    if [ -e "$env_file" ]; then
+        echo "kept $env_file"
+    else
+        place "$env_src" "$(dirname "$env_file")" "$(basename "$env_file")" 0644
     fi
-done
+fi
 
 if [ "$with_conf" = 1 ]; then
     mkdir -p "$conf_dir"

@@ -1,5 +1,6 @@
-//! scripts/install.sh run from a fresh tree: the script, the conflists, and a target/release
-//! holding the workspace's built plugins, nothing installed anywhere yet.
+//! scripts/install.sh run from a fresh tree: the script, the conflists, the systemd unit and its
+//! environment file, and a target/release holding the workspace's built plugins and daemon,
+//! nothing installed anywhere yet.
 
 use crate::plugins::{repo_root, PLUGINS};
 use std::fs;
@@ -7,13 +8,16 @@ use std::path::Path;
 use std::process::{Command, Output};
 use tempfile::TempDir;
 
+/// The fabric daemon's binary, which goes beside the systemd unit, not among the plugins.
+pub const DAEMON: &str = "flanneld";
+
 pub fn fresh_tree() -> TempDir {
     let tree = tempfile::Builder::new()
         .prefix("e2e-tree-")
         .tempdir()
         .unwrap();
     let top = repo_root();
-    for dir in ["scripts", "testdata", "target/release"] {
+    for dir in ["scripts", "testdata", "target/release", "deploy/systemd"] {
         fs::create_dir_all(tree.path().join(dir)).unwrap();
     }
     copy(
@@ -28,10 +32,14 @@ pub fn fresh_tree() -> TempDir {
             );
         }
     }
-    for plugin in PLUGINS {
+    for file in ["flanneld.service", "flanneld.env"] {
+        let rel = Path::new("deploy/systemd").join(file);
+        copy(&top.join(&rel), &tree.path().join(rel));
+    }
+    for binary in PLUGINS.iter().chain([&DAEMON]) {
         copy(
-            &testkit::bin_dir().join(plugin),
-            &tree.path().join("target/release").join(plugin),
+            &testkit::bin_dir().join(binary),
+            &tree.path().join("target/release").join(binary),
         );
     }
     tree
