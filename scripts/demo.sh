@@ -136,11 +136,14 @@ if [ "$use_etcd" = 1 ] && ! { command -v etcd && command -v etcdctl; } >/dev/nul
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
 fi
 
+# flanneld beside the plugins; its unit and env file stay inside $prefix too.
+install_args=(--bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf --daemon
+    --daemon-bin-dir "$prefix/bin" --systemd-dir "$prefix/systemd" --env-file "$prefix/flanneld.env")
 case "$build" in
     release) step "build (release) and install into $prefix"
-        "$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf ;;
+        "$top/scripts/install.sh" "${install_args[@]}" ;;
     none) step "install the release binaries already built into $prefix"
-        "$top/scripts/install.sh" --bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf --no-build ;;
+        "$top/scripts/install.sh" "${install_args[@]}" --no-build ;;
     debug) step "build (debug) and install into $prefix"
         (cd "$top" && cargo build --workspace --bins --quiet)
         mkdir -p "$prefix/bin" "$prefix/net.d"
