@@ -7,6 +7,7 @@ use crate::config::{self, ConfigError, NetConfig};
 use crate::iface::{self, LinkFacts, Route, Wanted};
 use crate::lease::{LeaseAttrs, SubnetKey};
 use crate::masq::{self, MasqSpec};
+use crate::metrics::{self, METRICS};
 use crate::registry::{Change, Listing, Registry, RegistryError, WatchEnd};
 use crate::view::{LeaseView, Outcome};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
@@ -58,6 +59,12 @@ pub fn renew_retry(ttl: Duration) -> Duration {
     Duration::from_secs(60)
         .min(ttl / 4)
         .max(Duration::from_millis(200))
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// FLANNEL_SUBNET's form: the subnet's first address with its prefix.
@@ -152,6 +159,7 @@ async fn list_until_ok<R: Registry>(reg: &R) -> Listing {
                 return l;
             }
             Err(e) => {
+                metrics::inc(&METRICS.registry_errors);
                 if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
                     warn!("listing leases in {}: {e}; retrying", reg.describe());
                     last_log = Some(Instant::now());
@@ -222,6 +230,7 @@ async fn acquire<R: Registry>(
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(10..200))).await;
             }
             Err(e) => {
+                metrics::inc(&METRICS.registry_errors);
                 warn!("taking lease {key}: {e}; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
@@ -247,10 +256,12 @@ async fn renew_forever<R: Registry>(
             match reg.renew(&key, &value, ttl).await {
                 Ok(e) => {
                     expiry = e;
+                    metrics::set(&METRICS.lease_expiry, unix_secs(e));
                     info!("renewed lease {key}");
                     break;
                 }
                 Err(e) => {
+                    metrics::inc(&METRICS.registry_errors);
                     let retry = renew_retry(ttl);
                     warn!("renewing lease {key}: {e}; retrying in {retry:?}");
                     tokio::time::sleep(retry).await;
@@ -268,7 +279,11 @@ async fn follow<R: Registry>(
 ) -> String {
     let mut view = LeaseView::new(own);
     let where_ = reg.describe();
+    let mut first = true;
     loop {
+        if !std::mem::take(&mut first) {
+            metrics::inc(&METRICS.resyncs);
+        }
         let listing = list_until_ok(reg.as_ref()).await;
         let revision = listing.revision;
         let outcome = view.resync(
@@ -283,6 +298,7 @@ async fn follow<R: Registry>(
         if let Some(lost) = deliver(outcome, &where_, own, &events).await {
             return lost;
         }
+        metrics::set(&METRICS.leases_known, view.len() as u64);
         let (tx, mut rx) = mpsc::channel(1024);
         let watcher = {
             let reg = reg.clone();
@@ -307,6 +323,7 @@ async fn follow<R: Registry>(
                 watcher.abort();
                 return lost;
             }
+            metrics::set(&METRICS.leases_known, view.len() as u64);
         }
         // However the watch ended, the next round lists everything again and diffs.
         match watcher.await {
@@ -314,6 +331,7 @@ async fn follow<R: Registry>(
                 info!("the watch on {where_} fell behind a compaction (revision {rev}); listing again");
             }
             Ok(WatchEnd::Broken(why)) => {
+                metrics::inc(&METRICS.registry_errors);
                 warn!("{why}; listing again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -425,6 +443,7 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
     let previous = previous_key(&settings.subnet_file);
     let (own, expiry) = acquire(reg.as_ref(), &cfg, &node, previous, &attrs, settings.ttl).await;
     info!("leased subnet {own} in {}", reg.describe());
+    metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
     if let Err(e) = backend.set_own(own).await {
         // The reconciler keeps trying; the plugin may already use the subnet.
         error!("setting up the datapath for {own}: {e}");

@@ -1,5 +1,6 @@
-//! `/healthz` (200 while the daemon runs) and `/readyz` (503 until subnet.env is written and the
-//! backend is ready), over a minimal HTTP/1.1 server: two fixed answers need no framework.
+//! `/healthz` (200 while the daemon runs), `/readyz` (503 until subnet.env is written and the
+//! backend is ready) and `/metrics`, over a minimal HTTP/1.1 server: three answers need no
+//! framework.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,18 +10,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The answer to one request line.
-pub fn answer(request: &str, ready: bool) -> (u16, &'static str) {
+pub fn answer(request: &str, ready: bool) -> (u16, std::borrow::Cow<'static, str>) {
     let mut parts = request.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = path.split('?').next().unwrap_or("");
     if method != "GET" && method != "HEAD" {
-        return (405, "method not allowed\n");
+        return (405, "method not allowed\n".into());
     }
     match path {
-        "/healthz" => (200, "ok\n"),
-        "/readyz" if ready => (200, "ok\n"),
-        "/readyz" => (503, "not ready: no subnet.env or backend yet\n"),
-        _ => (404, "not found\n"),
+        "/healthz" => (200, "ok\n".into()),
+        "/readyz" if ready => (200, "ok\n".into()),
+        "/readyz" => (503, "not ready: no subnet.env or backend yet\n".into()),
+        "/metrics" => (200, crate::metrics::METRICS.render().into()),
+        _ => (404, "not found\n".into()),
     }
 }
 
@@ -56,7 +58,7 @@ async fn serve_one(mut s: TcpStream, ready: Arc<AtomicBool>) {
     let line = text.lines().next().unwrap_or("");
     let (code, body) = answer(line, ready.load(Ordering::SeqCst));
     let head = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code} {}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         reason(code),
         body.len()
     );

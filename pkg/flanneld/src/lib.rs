@@ -11,6 +11,7 @@ pub mod health;
 pub mod iface;
 pub mod lease;
 pub mod masq;
+pub mod metrics;
 pub mod notify;
 pub mod registry;
 pub mod view;

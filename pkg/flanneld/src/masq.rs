@@ -797,7 +797,10 @@ pub async fn keep_with(spec: MasqSpec, every: Duration, check: Ensure) {
         tokio::time::sleep(every).await;
         let (spec, check) = (spec.clone(), check.clone());
         match tokio::task::spawn_blocking(move || check(&spec)).await {
-            Ok(Ok(true)) => tracing::info!("masquerade rules restored"),
+            Ok(Ok(true)) => {
+                crate::metrics::inc(&crate::metrics::METRICS.masq_restores);
+                tracing::info!("masquerade rules restored")
+            }
             Ok(Ok(false)) => {}
             Ok(Err(e)) => tracing::error!("checking the masquerade rules: {e}"),
             Err(e) => tracing::error!("checking the masquerade rules: the check failed: {e}"),

@@ -35,6 +35,10 @@ fn start(node: &Node, reg: &str, name: &str) -> Daemon {
             "--ip-masq",
             "--iptables-resync",
             "1",
+            "--healthz-ip",
+            "127.0.0.1",
+            "--healthz-port",
+            "9106",
         ],
         &[],
     )
@@ -525,4 +529,46 @@ fn shell_words(s: &str) -> Vec<String> {
         out.push(cur);
     }
     out
+}
+
+fn scrape(node: &Node) -> String {
+    let out = node
+        .ns
+        .try_run("curl", &["-s", "http://127.0.0.1:9106/metrics"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn metrics_move_with_leases_and_repairs() {
+    let p = pair("fvp", r#"{"Type":"vxlan"}"#);
+    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    wait_for("flanneld_leases_known 1 and one route", T, || {
+        let m = scrape(&p.a);
+        (sample(&m, "flanneld_leases_known") == Some(1.0)
+            && sample(&m, "flanneld_kernel_entries{kind=\"route\"}") == Some(1.0))
+        .then_some(())
+    });
+    let m = scrape(&p.a);
+    assert!(
+        sample(&m, "flanneld_lease_expiry_timestamp_seconds").unwrap_or(0.0) > 1.7e9,
+        "{m}"
+    );
+    assert!(
+        sample(&m, "flanneld_reconcile_runs_total").unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    let repaired = sample(&m, "flanneld_entries_repaired_total{kind=\"route\"}").unwrap_or(-1.0);
+    p.a.ns.ip(&["route", "del", &p.sub_b]);
+    wait_for("the repair to be counted", T, || {
+        let m = scrape(&p.a);
+        (sample(&m, "flanneld_entries_repaired_total{kind=\"route\"}") == Some(repaired + 1.0))
+            .then_some(())
+    });
 }

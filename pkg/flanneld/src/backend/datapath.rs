@@ -9,6 +9,7 @@ use super::mode::{self, Mode, VxlanParams};
 use crate::config::NetConfig;
 use crate::iface::External;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::metrics::{self, METRICS};
 use crate::view::Event;
 use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Events, Vxlan, VxlanSpec};
 use cni_kernel::procsys::{self, Proto};
@@ -363,6 +364,9 @@ impl Datapath {
             changes.device = self.ensure_devices().await?;
         }
         let want = desired::desired(&self.local, others);
+        metrics::set(&METRICS.routes, want.entries.routes.len() as u64);
+        metrics::set(&METRICS.neighbours, want.entries.neighbours.len() as u64);
+        metrics::set(&METRICS.fdb, want.entries.fdb.len() as u64);
         for (key, why) in &want.skipped {
             debug!("lease {key} gives no entry: {why}");
         }
@@ -483,10 +487,15 @@ impl Datapath {
             }
         };
         loop {
+            // Entries written in a pass that no lease change asked for are repairs.
+            let mut leases_changed = false;
             // Wait for a reason to look.
             tokio::select! {
                 b = events.recv() => match b {
-                    Some(b) => apply_batch(&mut others, b),
+                    Some(b) => {
+                        apply_batch(&mut others, b);
+                        leases_changed = true;
+                    }
                     None => return,
                 },
                 n = next_note(&mut notes) => {
@@ -502,7 +511,10 @@ impl Datapath {
             loop {
                 tokio::select! {
                     b = events.recv() => match b {
-                        Some(b) => apply_batch(&mut others, b),
+                        Some(b) => {
+                            apply_batch(&mut others, b);
+                            leases_changed = true;
+                        }
                         None => return,
                     },
                     _ = next_note(&mut notes) => {}
@@ -510,7 +522,19 @@ impl Datapath {
                 }
             }
             let leases: Vec<Lease> = others.values().cloned().collect();
-            match self.reconcile(&leases).await {
+            let started = std::time::Instant::now();
+            let result = self.reconcile(&leases).await;
+            metrics::inc(&METRICS.reconcile_runs);
+            metrics::add(
+                &METRICS.reconcile_micros,
+                started.elapsed().as_micros() as u64,
+            );
+            if let (Ok(c), false) = (&result, leases_changed) {
+                metrics::add(&METRICS.repaired_routes, c.put.0 as u64);
+                metrics::add(&METRICS.repaired_neighbours, c.put.1 as u64);
+                metrics::add(&METRICS.repaired_fdb, c.put.2 as u64);
+            }
+            match result {
                 Ok(c) if c.any() => info!(
                     "datapath: {} leases; wrote {} routes, {} neighbours, {} FDB entries; removed {} routes, {} neighbours, {} FDB entries{}",
                     leases.len(),
