@@ -133,6 +133,7 @@ step "packages: $top/scripts/deps.sh demo"
 "$top/scripts/deps.sh" demo
 if [ "$use_etcd" = 1 ] && ! { command -v etcd && command -v etcdctl; } >/dev/null; then
     echo "installing etcd-server and etcd-client for --etcd"
+    apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
 fi
 
