@@ -22,6 +22,9 @@ fn regex(s: &str) -> Result<regex::Regex, String> {
     name = "flanneld",
     about = "The flannel fabric daemon: takes a subnet lease for this node, writes subnet.env for the \
              flannel CNI plugin and follows the other nodes' leases.",
+    after_help = "`flanneld doctor [FLAGS] [--json]` reads the registry and the kernel with the same \
+                  flags, without a daemon, and reports every missing, extra or wrong entry; exit \
+                  status 0 when all is right, 1 otherwise.",
     disable_version_flag = true
 )]
 pub struct Flags {
@@ -194,6 +197,10 @@ pub struct Flags {
     /// Print the version and exit.
     #[arg(long)]
     pub version: bool,
+
+    /// With `flanneld doctor`: print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 
     /// Log verbosity: 0 info, 1 to 4 debug, 5 and above trace.
     #[arg(

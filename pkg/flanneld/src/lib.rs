@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod backend;
 pub mod config;
 pub mod daemon;
+pub mod doctor;
 pub mod flags;
 pub mod health;
 pub mod iface;

@@ -15,7 +15,12 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
-    let flags = match Flags::try_parse_from(normalise_args(std::env::args())) {
+    let mut args: Vec<String> = std::env::args().collect();
+    let doctor = args.get(1).is_some_and(|a| a == "doctor");
+    if doctor {
+        args.remove(1);
+    }
+    let flags = match Flags::try_parse_from(normalise_args(args)) {
         Ok(f) => f,
         Err(e) => {
             let _ = e.print();
@@ -77,7 +82,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = runtime.block_on(serve(flags, links, routes));
+    let code = if doctor {
+        runtime.block_on(doctor_run(flags, links, routes))
+    } else {
+        runtime.block_on(serve(flags, links, routes))
+    };
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
 }
@@ -97,15 +106,7 @@ async fn serve(
         info!("health endpoints on http://{addr}/healthz and /readyz");
     }
     let settings = Settings {
-        wanted: Wanted {
-            iface: flags.iface.clone(),
-            iface_regex: flags.iface_regex.clone(),
-            iface_can_reach: flags.iface_can_reach,
-            public_ip: flags.public_ip,
-            public_ipv6: flags.public_ipv6,
-            ipv4: true,
-            ipv6: false,
-        },
+        wanted: wanted(&flags),
         links,
         routes,
         subnet_file: flags.subnet_file.clone(),
@@ -126,15 +127,7 @@ async fn serve(
             }
         }
     } else {
-        let opts = EtcdOptions {
-            endpoints: flags.etcd_endpoints.clone(),
-            prefix: flags.etcd_prefix.trim_end_matches('/').to_string(),
-            keyfile: flags.etcd_keyfile.clone(),
-            certfile: flags.etcd_certfile.clone(),
-            cafile: flags.etcd_cafile.clone(),
-            username: flags.etcd_username.clone(),
-            password: flags.etcd_password.clone(),
-        };
+        let opts = etcd_options(&flags);
         if let Err(e) = EtcdRegistry::connect_options(&opts) {
             error!("{e}");
             return ExitCode::from(2);
@@ -170,4 +163,79 @@ async fn serve(
 async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
     info!("registry: {}", reg.describe());
     daemon::run(reg, settings).await
+}
+
+fn wanted(flags: &Flags) -> Wanted {
+    Wanted {
+        iface: flags.iface.clone(),
+        iface_regex: flags.iface_regex.clone(),
+        iface_can_reach: flags.iface_can_reach,
+        public_ip: flags.public_ip,
+        public_ipv6: flags.public_ipv6,
+        ipv4: true,
+        ipv6: false,
+    }
+}
+
+/// `flanneld doctor`: one look at the registry and the kernel, no daemon.
+async fn doctor_run(
+    flags: Flags,
+    links: Vec<flanneld::iface::LinkFacts>,
+    routes: Vec<flanneld::iface::Route>,
+) -> ExitCode {
+    let w = wanted(&flags);
+    let masq = (
+        flags.ip_masq,
+        !flags.ip_masq_fully_random_disable,
+        flags.iptables_forward_rules,
+    );
+    let report = if flags.etcd_endpoints.is_empty() {
+        match DirRegistry::open(&flags.registry_dir, &flags.net_config_path) {
+            Ok(reg) => {
+                flanneld::doctor::examine(&reg, &w, (&links, &routes), &flags.subnet_file, masq)
+                    .await
+            }
+            Err(e) => {
+                error!("--registry-dir {}: {e}", flags.registry_dir.display());
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        let opts = etcd_options(&flags);
+        match EtcdRegistry::connect(opts).await {
+            Ok(reg) => {
+                flanneld::doctor::examine(&reg, &w, (&links, &routes), &flags.subnet_file, masq)
+                    .await
+            }
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
+    if flags.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.text());
+    }
+    if report.problems() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn etcd_options(flags: &Flags) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: flags.etcd_endpoints.clone(),
+        prefix: flags.etcd_prefix.trim_end_matches('/').to_string(),
+        keyfile: flags.etcd_keyfile.clone(),
+        certfile: flags.etcd_certfile.clone(),
+        cafile: flags.etcd_cafile.clone(),
+        username: flags.etcd_username.clone(),
+        password: flags.etcd_password.clone(),
+    }
 }

@@ -652,6 +652,30 @@ fn nft_listing(family: Family) -> Result<Option<String>> {
 /// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
 /// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
 /// nothing when all is right. Returns whether it wrote anything.
+/// What is missing or wrong in the firewall for `spec`, read only (for `flanneld doctor`).
+pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
+    let mut reasons = Vec::new();
+    for net in spec.nets() {
+        if spec.nftables {
+            let listing = nft_listing(net.family)?;
+            if let Some(plan) = nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))? {
+                reasons.extend(plan.reasons);
+            }
+            continue;
+        }
+        let chains = iptables_chains(&net, spec);
+        if chains.is_empty() {
+            continue;
+        }
+        let nat = iptables_saved(net.family, "nat")?;
+        let filter = iptables_saved(net.family, "filter")?;
+        if let Some(plan) = iptables_plan(&nat, &filter, &chains) {
+            reasons.extend(plan.reasons);
+        }
+    }
+    Ok(reasons)
+}
+
 pub fn ensure(spec: &MasqSpec) -> Result<bool> {
     if spec.nftables {
         let mut batch = String::new();

@@ -572,3 +572,81 @@ fn metrics_move_with_leases_and_repairs() {
             .then_some(())
     });
 }
+
+fn doctor(node: &Node, reg: &str, subnet_file: &std::path::Path, json: bool) -> (i32, String) {
+    let file = subnet_file.display().to_string();
+    let mut args = vec![
+        "doctor",
+        "--registry-dir",
+        reg,
+        "--iface",
+        "eth0",
+        "--subnet-file",
+        &file,
+        "--ip-masq",
+    ];
+    if json {
+        args.push("--json");
+    }
+    let out = node.ns.try_run(FLANNELD, &args);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn doctor_names_each_broken_entry() {
+    let mut p = pair("fvx", r#"{"Type":"vxlan"}"#);
+    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "dst 192.168.100.2",
+        T,
+    );
+    // The daemon stopped, so that nothing is repaired while the doctor looks.
+    assert_eq!(p.da.stop().code(), Some(0));
+    let reg = p.a.path("registry").display().to_string();
+    let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.ends_with("all right\n"), "{text}");
+    assert!(
+        text.contains(&format!("route      ok       {}", p.sub_b)),
+        "{text}"
+    );
+
+    p.a.ns.ip(&["route", "del", &p.sub_b]);
+    p.a.ns.ip(&["neigh", "del", &p.net_b, "dev", "flannel.1"]);
+    p.a.ns.ip(&[
+        "route",
+        "add",
+        "10.9.250.0/24",
+        "via",
+        "10.9.250.0",
+        "dev",
+        "flannel.1",
+        "onlink",
+    ]);
+    p.a.ns
+        .run("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"]);
+    let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
+    assert_eq!(code, 1, "{text}");
+    for want in [
+        format!("route      missing  {} via {}", p.sub_b, p.net_b),
+        format!("neighbour  missing  {}", p.net_b),
+        "route      extra    10.9.250.0/24".to_string(),
+        "masquerade wrong".to_string(),
+    ] {
+        assert!(text.contains(&want), "{want:?} not in\n{text}");
+    }
+    let (code, json) = doctor(&p.a, &reg, &p.da.subnet_file, true);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("doctor --json");
+    let missing = v["findings"]
+        .as_array()
+        .map(|a| a.iter().filter(|f| f["state"] == "missing").count())
+        .unwrap_or(0);
+    assert_eq!(missing, 2, "{json}");
+}

@@ -65,7 +65,7 @@ fn random_mac() -> [u8; 6] {
     m
 }
 
-fn device_name(v6: bool, vni: u32) -> String {
+pub fn device_name(v6: bool, vni: u32) -> String {
     if v6 {
         format!("flannel-v6.{vni}")
     } else {
@@ -323,38 +323,7 @@ impl Datapath {
     }
 
     async fn actual(&self) -> Result<Entries, String> {
-        let mut have = Entries {
-            routes: Vec::new(),
-            neighbours: Vec::new(),
-            fdb: Vec::new(),
-        };
-        have.routes = self
-            .conn
-            .routes()
-            .await
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter(|r| owns_route(&self.local, r))
-            .collect();
-        for dev in [self.local.dev4, self.local.dev6].into_iter().flatten() {
-            have.neighbours.extend(
-                self.conn
-                    .neighbours(dev)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .filter(|n| n.permanent),
-            );
-            have.fdb.extend(
-                self.conn
-                    .fdb(dev)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .filter(|f| f.dst.is_some()),
-            );
-        }
-        Ok(have)
+        read_actual(&self.conn, &self.local).await
     }
 
     /// One pass: the devices, then every entry the leases call for; returns what changed.
@@ -558,4 +527,37 @@ async fn next_note(notes: &mut Option<Events>) -> Option<NlEvent> {
         Some(n) => n.next().await,
         None => std::future::pending().await,
     }
+}
+
+/// What the kernel holds of what `local`'s datapath owns.
+pub async fn read_actual(conn: &Conn, local: &Local) -> Result<Entries, String> {
+    let mut have = Entries {
+        routes: Vec::new(),
+        neighbours: Vec::new(),
+        fdb: Vec::new(),
+    };
+    have.routes = conn
+        .routes()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|r| owns_route(local, r))
+        .collect();
+    for dev in [local.dev4, local.dev6].into_iter().flatten() {
+        have.neighbours.extend(
+            conn.neighbours(dev)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|n| n.permanent),
+        );
+        have.fdb.extend(
+            conn.fdb(dev)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|f| f.dst.is_some()),
+        );
+    }
+    Ok(have)
 }
