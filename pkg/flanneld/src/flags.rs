@@ -202,6 +202,10 @@ pub struct Flags {
     #[arg(long)]
     pub json: bool,
 
+    /// Log lines as plain text, or as one JSON object each for log collectors.
+    #[arg(long, env = "FLANNELD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
     /// Log verbosity: 0 info, 1 to 4 debug, 5 and above trace.
     #[arg(
         short = 'v',

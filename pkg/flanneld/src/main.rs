@@ -36,12 +36,16 @@ fn main() -> ExitCode {
         1..=4 => tracing::Level::DEBUG,
         _ => tracing::Level::TRACE,
     };
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
-        .with_max_level(level)
-        .init();
+        .with_max_level(level);
+    if flags.log_format == "json" {
+        logs.json().flatten_event(true).init();
+    } else {
+        logs.init();
+    }
 
     if flags.kube_subnet_mgr {
         error!(

@@ -164,3 +164,29 @@ fn no_default_route_and_no_iface_is_a_bad_start() {
     assert_eq!(b.wait_exit(T).code(), Some(2));
     assert!(b.log_text().contains("--iface nope0"), "{}", b.log_text());
 }
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let node = Node::new("fcj");
+    let reg = node.path("registry").display().to_string();
+    std::fs::create_dir_all(node.path("registry")).unwrap();
+    std::fs::write(
+        node.path("registry/config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
+    )
+    .unwrap();
+    let a = Daemon::start(
+        &node,
+        "a",
+        &["--registry-dir", &reg, "--log-format", "json"],
+        &[],
+    );
+    a.wait_subnet_env(T);
+    a.wait_log("leased subnet", T);
+    for line in a.log_text().lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["message"].is_string() && v["level"].is_string(), "{line}");
+    }
+    assert_eq!(run(&["--log-format", "xml"]).status.code(), Some(2));
+}
