@@ -400,6 +400,14 @@ fn blocking_calls_work_from_inside_an_async_runtime() {
         .unwrap();
     let lo = rt.block_on(async { nl.link_by_name("lo") }).unwrap();
     assert!(lo.is_some_and(|l| l.up));
+    // Opened inside a task, and two at once, as the daemon may.
+    let handle = Netns::open(ns.path()).unwrap();
+    let (a, b) = rt.block_on(async {
+        let a = Netlink::open_in(&handle).unwrap();
+        let b = Netlink::open_in(&handle).unwrap();
+        (a.link_by_name("lo").unwrap(), b.links().unwrap())
+    });
+    assert!(a.is_some() && b.iter().any(|l| l.name == "lo"));
     // Dropped inside a task too.
     rt.block_on(async move { drop(nl) });
 }

@@ -1,7 +1,8 @@
 //! The plugins' blocking calls: each runs one [`Conn`] operation to completion on a
-//! single-threaded runtime owned by the connection, so that nothing is shared between
-//! connections and no global runtime exists. Called from inside an async runtime (where
-//! blocking on another would panic), the call blocks on a thread of its own instead.
+//! single-threaded runtime that drives the connection's socket. Connections opened by one
+//! thread share that runtime while any of them lives (a plugin's host and pod connections pay
+//! for one); there is no process-wide runtime. Called from inside an async runtime (where
+//! blocking on another would panic), a call blocks on a thread of its own instead.
 
 use super::conn::Conn;
 use super::{AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Route, VethSpec, VxlanSpec};
@@ -11,10 +12,11 @@ use ipnetwork::IpNetwork;
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{NetlinkMessage, NLM_F_ACK, NLM_F_REQUEST};
+use std::cell::RefCell;
 use std::future::Future;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
@@ -37,24 +39,40 @@ pub struct Netlink {
     driver: Arc<Driver>,
 }
 
+thread_local! {
+    /// The runtime of the connections this thread opened, while one of them lives.
+    static SHARED: RefCell<Weak<Driver>> = const { RefCell::new(Weak::new()) };
+}
+
+/// The calling thread's runtime for connections, started when it has none.
+fn thread_driver() -> Result<Arc<Driver>> {
+    if let Some(d) = SHARED.with(|s| s.borrow().upgrade()) {
+        return Ok(d);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| Error::io("starting", "a runtime for netlink", &e))?;
+    let d = Arc::new(Driver(Some(rt)));
+    SHARED.with(|s| *s.borrow_mut() = Arc::downgrade(&d));
+    Ok(d)
+}
+
 impl Netlink {
     /// A connection in the calling thread's namespace.
     pub fn open() -> Result<Netlink> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| Error::io("starting", "a runtime for netlink", &e))?;
+        let driver = thread_driver()?;
+        let Some(rt) = driver.0.as_ref() else {
+            unreachable!("the runtime lives as long as the connection")
+        };
         let conn = {
             let _ctx = rt.enter();
-            let (conn, driver) = Conn::connect()?;
-            rt.spawn(driver);
+            let (conn, task) = Conn::connect()?;
+            rt.spawn(task);
             conn
         };
-        Ok(Netlink {
-            conn,
-            driver: Arc::new(Driver(Some(rt))),
-        })
+        Ok(Netlink { conn, driver })
     }
 
     /// A connection inside `ns`: it stays bound there after the thread returns.
