@@ -75,8 +75,7 @@ impl Store {
             .mode(0o700)
             .create(&self.dir)
             .map_err(io_err(what()))?;
-        // Container IDs never start with a dot, so the temporary name cannot collide.
-        let tmp = self.dir.join(format!(".{}.tmp", std::process::id()));
+        let tmp = self.temp_path(std::process::id());
         let written = write_synced(&tmp, &bytes).and_then(|()| fs::rename(&tmp, &path));
         if written.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -109,8 +108,36 @@ impl Store {
         })
     }
 
+    /// The temporary file `save` writes in process `pid`. Container IDs never start with a
+    /// dot, so it cannot collide with a saved file.
+    fn temp_path(&self, pid: u32) -> PathBuf {
+        self.dir.join(format!(".{pid}.tmp"))
+    }
+
+    /// Removes the temporary files of saves whose process is gone (killed between writing
+    /// and renaming): nothing else would ever remove them.
+    fn remove_orphaned_temp_files(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix('.')?.strip_suffix(".tmp"))
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs::remove_file(self.temp_path(pid));
+            }
+        }
+    }
+
     /// Removes the file of `container_id`; one that is already gone is fine.
     pub fn remove(&self, container_id: &str) -> Result<(), CniError> {
+        self.remove_orphaned_temp_files();
         let path = self.path(container_id);
         match fs::remove_file(&path) {
             Err(e) if e.kind() != ErrorKind::NotFound && !name_too_long(&e) => Err(CniError::io(
@@ -260,6 +287,24 @@ mod tests {
             .container_ids()
             .unwrap()
             .is_empty());
+    }
+
+    #[test]
+    fn remove_sweeps_the_temporary_files_of_killed_saves_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path());
+        store.save("c", &json!({})).unwrap();
+        // pid_max is at most 2^22: this process cannot exist.
+        let killed = store.temp_path(4_194_305);
+        let running = store.temp_path(std::process::id());
+        fs::write(&killed, "{\"type\":").unwrap();
+        fs::write(&running, "{").unwrap();
+        store.remove("c").unwrap();
+        assert!(!killed.exists(), "the killed save's temporary file is left");
+        assert!(
+            running.exists(),
+            "a running save's temporary file was removed"
+        );
     }
 
     #[test]
