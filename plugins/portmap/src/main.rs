@@ -4,6 +4,7 @@
 
 mod backend;
 
+use cni_kernel::firewall::Family;
 use cni_kernel::{conntrack, procsys, Netlink};
 use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
 use cni_protocol::{CniError, CniResult, Plugin, Request};
@@ -42,19 +43,20 @@ fn allow_localhost_sources(dev: &str) -> Result<(), CniError> {
     })
 }
 
-/// Drops UDP flows conntrack tracked to the host ports before they were mapped, so that the
-/// next datagram meets the new rules. Only logged when it fails, as in the Go plugin.
-fn forget_stale_udp_flows(conf: &Config, addrs: &ContainerAddrs) {
+/// Drops the UDP flows conntrack tracks to the mapped host ports in `families`: at ADD those
+/// from before the mapping, so that the next datagram meets the new rules; at DEL those
+/// still NATed to the container, which would otherwise keep steering datagrams to it.
+/// Only logged when it fails, as in the Go plugin.
+fn forget_udp_flows(conf: &Config, families: impl IntoIterator<Item = Family>) {
     let ports: Vec<u16> = conf
         .mappings
         .iter()
         .filter(|m| m.protocol == Protocol::Udp)
         .map(|m| m.host_port)
         .collect();
-    for addr in addrs.iter() {
-        let family = backend::family(addr);
+    for family in families {
         if let Err(e) = conntrack::delete_by_dst_port(family, Protocol::Udp.number(), &ports) {
-            eprintln!("deleting stale UDP conntrack entries for {addr}: {e}");
+            eprintln!("deleting UDP conntrack entries to ports {ports:?} ({family:?}): {e}");
         }
     }
 }
@@ -82,7 +84,7 @@ impl Plugin for Portmap {
             }
         }
         backend::of(&conf).forward(&conf, &req.env.container_id, &addrs)?;
-        forget_stale_udp_flows(&conf, &addrs);
+        forget_udp_flows(&conf, addrs.iter().map(backend::family));
         Ok(prev)
     }
 
@@ -91,7 +93,12 @@ impl Plugin for Portmap {
         match load_config(req) {
             // Without mappings ADD made nothing, as in the Go plugin.
             Ok(conf) if conf.mappings.is_empty() => Ok(()),
-            Ok(conf) => backend::of(&conf).unforward(&conf.network, id),
+            Ok(conf) => {
+                backend::of(&conf).unforward(&conf.network, id)?;
+                // DEL below 0.4.0 has no prevResult to tell the container's families.
+                forget_udp_flows(&conf, [Family::V4, Family::V6]);
+                Ok(())
+            }
             // The rules are found by network name and container ID alone: a config DEL cannot
             // use must not keep them, nor stop the runtime from running the rest of the chain.
             Err(e) => {

@@ -57,3 +57,35 @@ fn a_new_udp_mapping_takes_over_flows_conntrack_already_tracks() {
         );
     }
 }
+
+#[test]
+fn del_drops_the_udp_flows_still_natted_to_the_container() {
+    for (backend, family_dst) in [("iptables", HOST_V4), ("nftables", HOST_V6)] {
+        let node = Node::new();
+        let mut pod = node.pod(true);
+        pod.serve();
+        let conf = portmap_config(
+            "1.0.0",
+            json!({"backend": backend}),
+            web_and_dns(),
+            Some(&pod.result),
+        );
+        node.portmap("ADD", &pod, &conf).ok();
+        assert!(
+            udp_reaches_from(&node.client, 40054, family_dst, DNS),
+            "{backend}: the mapping works"
+        );
+        let flows = udp_flows(&node, DNS);
+        assert!(
+            flows.contains(&format!("src={}", pod.ip(family_dst.contains(':')))),
+            "{backend}: no flow NATed to the pod:\n{flows}"
+        );
+
+        node.portmap("DEL", &pod, &conf).ok();
+        let left = udp_flows(&node, DNS);
+        assert!(
+            !left.contains("dport="),
+            "{backend}: DEL left flows to port {DNS}:\n{left}"
+        );
+    }
+}
