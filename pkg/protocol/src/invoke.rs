@@ -46,6 +46,27 @@ pub fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Makes the delegate get SIGKILL when the thread that starts it ends. A runtime that kills
+/// a plugin mid-ADD (a timeout, a pod deleted) runs DEL at once; a delegate left running on
+/// would finish its ADD after that DEL and leak what it made. Plugins run their delegates
+/// from the main thread, so the thread ends only with the plugin.
+fn die_with_this_thread(process: &mut Process) {
+    use std::os::unix::process::CommandExt;
+    let parent = nix::unistd::getpid();
+    // SAFETY: prctl and getppid are async-signal-safe and allocate nothing.
+    unsafe {
+        process.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)?;
+            // The parent may have died before the request took effect.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other("the calling plugin is gone"));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs `plugin_type` with `command`, the caller's environment and `config` on stdin.
 /// Returns its stdout on success and its own error object, untouched, on failure.
 pub fn exec(
@@ -57,7 +78,9 @@ pub fn exec(
     let exe = find_plugin(plugin_type, &env.path)?;
     let stdin = serde_json::to_vec(config)
         .map_err(|e| CniError::internal(format!("encoding delegate config: {e}")))?;
-    let mut child = Process::new(&exe)
+    let mut process = Process::new(&exe);
+    die_with_this_thread(&mut process);
+    let mut child = process
         .env("CNI_COMMAND", command.as_str())
         .env("CNI_CONTAINERID", &env.container_id)
         .env("CNI_NETNS", &env.netns)
