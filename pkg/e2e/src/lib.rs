@@ -16,6 +16,7 @@ pub mod node;
 pub mod plugins;
 pub mod root;
 pub mod session;
+pub mod soak;
 
 pub use node::{Footprint, Node};
 pub use plugins::PluginSet;
