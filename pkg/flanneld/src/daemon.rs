@@ -546,6 +546,117 @@ async fn stop_signal() -> &'static str {
 mod tests {
     use super::*;
 
+    use crate::registry::{Entry, RegistryError};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
+
+    /// A registry whose first watch falls behind a compaction, as etcd's does when a watcher
+    /// lags (flannel-io/flannel#2470): the daemon must list once more and go on, not loop.
+    struct Compacting {
+        lists: AtomicUsize,
+        watches: AtomicUsize,
+        entries: Mutex<Vec<Entry>>,
+    }
+
+    const OTHER: &str = r#"{"PublicIP":"192.168.0.2","PublicIPv6":null,"BackendType":"vxlan"}"#;
+    const LATE: &str = r#"{"PublicIP":"192.168.0.3","PublicIPv6":null,"BackendType":"vxlan"}"#;
+
+    impl Registry for Compacting {
+        fn describe(&self) -> String {
+            "a compacting registry".into()
+        }
+        fn config_location(&self) -> String {
+            "nowhere".into()
+        }
+        async fn config(&self) -> crate::registry::Result<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        async fn list(&self) -> crate::registry::Result<Listing> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            Ok(Listing {
+                entries: self.entries.lock().map(|e| e.clone()).unwrap_or_default(),
+                bad: Vec::new(),
+                revision: 7,
+            })
+        }
+        async fn create(
+            &self,
+            k: &SubnetKey,
+            _: &str,
+            _: Duration,
+        ) -> crate::registry::Result<SystemTime> {
+            Err(RegistryError::Exists(*k))
+        }
+        async fn renew(
+            &self,
+            _: &SubnetKey,
+            _: &str,
+            _: Duration,
+        ) -> crate::registry::Result<SystemTime> {
+            Ok(SystemTime::now())
+        }
+        async fn delete(&self, _: &SubnetKey) -> crate::registry::Result<()> {
+            Ok(())
+        }
+        async fn watch(&self, _: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+            if self.watches.fetch_add(1, Ordering::SeqCst) == 0 {
+                // Meanwhile another node joined; the compacted watch never says so.
+                if let Ok(mut e) = self.entries.lock() {
+                    e.push(Entry {
+                        key: "10.5.3.0-24".into(),
+                        value: LATE.as_bytes().to_vec(),
+                    });
+                }
+                return WatchEnd::Compacted(9);
+            }
+            let _ = tx;
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_compacted_watch_costs_one_resync_and_loses_no_lease() {
+        let own = SubnetKey::parse("10.5.1.0-24").unwrap();
+        let reg = Arc::new(Compacting {
+            lists: AtomicUsize::new(0),
+            watches: AtomicUsize::new(0),
+            entries: Mutex::new(vec![
+                Entry {
+                    key: own.to_string(),
+                    value: OTHER.replace("0.2", "0.1").into_bytes(),
+                },
+                Entry {
+                    key: "10.5.2.0-24".into(),
+                    value: OTHER.as_bytes().to_vec(),
+                },
+            ]),
+        });
+        let (tx, mut rx) = mpsc::channel(8);
+        let task = tokio::spawn(follow(reg.clone(), own, tx));
+        let mut added = Vec::new();
+        while added.len() < 2 {
+            let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("events within 5 s")
+                .expect("the follower is running");
+            for e in batch {
+                if let crate::view::Event::Added(l) = e {
+                    added.push(l.key.to_string());
+                }
+            }
+        }
+        assert_eq!(added, ["10.5.2.0-24", "10.5.3.0-24"]);
+        // Give a looping follower time to show itself.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            reg.lists.load(Ordering::SeqCst),
+            2,
+            "one listing, one resync"
+        );
+        assert_eq!(reg.watches.load(Ordering::SeqCst), 2);
+        task.abort();
+    }
+
     #[test]
     fn renewal_comes_at_the_margin_or_a_third_of_a_short_lifetime() {
         let exp = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000);
