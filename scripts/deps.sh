@@ -9,8 +9,9 @@ demo=(iptables nftables iproute2 util-linux socat busybox-static)
 # /usr/lib/cni; podman/containerd/runc: the runtime end-to-end tests; etcd-server/etcd-client: the
 # daemon's tests against a real etcd; protobuf-compiler: the etcd client crate's build and the
 # check of the CRI test's generated client (pkg/e2e/src/cri_api.rs); curl and openssl: the
-# daemon's health endpoint and TLS tests; systemd: systemd-analyze verify of deploy/systemd's unit.
-tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl systemd)
+# daemon's health endpoint and TLS tests; systemd: systemd-analyze verify of deploy/systemd's unit;
+# iputils-ping: pings with DF set across vxlan (busybox's ping cannot set it).
+tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl systemd iputils-ping)
 
 case "${1:-tests}" in
     demo) wanted=("${demo[@]}") ;;

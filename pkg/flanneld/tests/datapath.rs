@@ -650,3 +650,35 @@ fn doctor_names_each_broken_entry() {
         .unwrap_or(0);
     assert_eq!(missing, 2, "{json}");
 }
+
+#[test]
+fn a_full_size_packet_with_df_crosses_vxlan_and_a_bigger_one_does_not() {
+    let p = pair("fvf", r#"{"Type":"vxlan"}"#);
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    let df_ping = |payload: &str| {
+        p.a.ns
+            .try_run(
+                "ping",
+                &[
+                    "-c", "1", "-W", "1", "-M", "do", "-s", payload, "-I", &p.net_a, &p.net_b,
+                ],
+            )
+            .status
+            .success()
+    };
+    // FLANNEL_MTU is 1450: 1450 - 20 (IP) - 8 (ICMP) = 1422 bytes of payload fit.
+    assert!(
+        df_ping("1372"),
+        "a 1400-byte packet with DF set did not cross"
+    );
+    assert!(
+        df_ping("1422"),
+        "a 1450-byte packet with DF set did not cross"
+    );
+    assert!(
+        !df_ping("1423"),
+        "a packet over FLANNEL_MTU crossed with DF set"
+    );
+}
