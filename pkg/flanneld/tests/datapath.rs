@@ -682,3 +682,29 @@ fn a_full_size_packet_with_df_crosses_vxlan_and_a_bigger_one_does_not() {
         "a packet over FLANNEL_MTU crossed with DF set"
     );
 }
+
+#[test]
+fn a_restart_under_a_continuous_ping_loses_no_packet() {
+    let mut p = pair("fvg", r#"{"Type":"vxlan"}"#);
+    wait_for("a ping across vxlan", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    // 100 pings 30 ms apart, across a stop and a start of a's daemon.
+    let pinger =
+        p.a.ns
+            .command("ping")
+            .args([
+                "-c", "100", "-i", "0.03", "-W", "1", "-I", &p.net_a, &p.net_b,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ping");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(p.da.stop().code(), Some(0));
+    let reg = p.a.path("registry").display().to_string();
+    p.da = start(&p.a, &reg, "a");
+    p.da.wait_log("wrote", T);
+    let out = pinger.wait_with_output().expect("ping's output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0% packet loss"), "{text}");
+}
