@@ -141,8 +141,6 @@ blocking! {
     fn ensure_vxlan(&self, spec: &VxlanSpec) -> (Link, bool);
     /// Deletes a link (and a veth's peer with it); false when it was already gone.
     fn delete_link(&self, index: u32) -> bool;
-    /// Waits until the link's operational state is up.
-    fn wait_oper_up(&self, index: u32, timeout: Duration) -> Link;
     /// Bridge port flags: hairpin and isolation.
     fn set_bridge_port(&self, index: u32, hairpin: bool, isolated: bool) -> ();
     /// The VLAN IDs a bridge port carries.
@@ -202,6 +200,34 @@ blocking! {
 }
 
 impl Netlink {
+    /// Waits until the link's operational state is up (a veth is once both ends are up). Polls
+    /// with the thread's own sleeps: the runtime's timer counts whole milliseconds, and a port
+    /// is usually up within a few hundred microseconds.
+    pub fn wait_oper_up(&self, index: u32, timeout: Duration) -> Result<Link> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let link = self
+                .link_by_index(index)?
+                .ok_or_else(|| Error::failed("waiting for link", index, "it disappeared"))?;
+            if link.oper_up {
+                return Ok(link);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::failed(
+                    "waiting for link",
+                    format!("{} ({index})", link.name),
+                    format!(
+                        "it is not operationally up after {timeout:?}: {}",
+                        link.oper_state
+                    ),
+                ));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
     /// Deletes a link of the namespace `ns` (this connection's) and returns as soon as it is
     /// gone from it: unlisted, its name free, off its bridge, its addresses and routes flushed.
     /// What the kernel does after that (an RCU barrier and the final free, about 20 ms for a
