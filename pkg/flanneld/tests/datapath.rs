@@ -631,12 +631,40 @@ fn doctor_names_each_broken_entry() {
     ]);
     p.a.ns
         .run("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"]);
+    let fdb = p.a.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
+    let mac = fdb
+        .lines()
+        .find(|l| l.contains("dst 192.168.100.2"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_default()
+        .to_string();
+    p.a.ns.run(
+        "bridge",
+        &[
+            "fdb",
+            "del",
+            &mac,
+            "dev",
+            "flannel.1",
+            "dst",
+            "192.168.100.2",
+        ],
+    );
+    // subnet.env with an MTU the device cannot carry.
+    let env = std::fs::read_to_string(&p.da.subnet_file).unwrap();
+    std::fs::write(
+        &p.da.subnet_file,
+        env.replace("FLANNEL_MTU=1450", "FLANNEL_MTU=1500"),
+    )
+    .unwrap();
     let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
     assert_eq!(code, 1, "{text}");
     for want in [
         format!("route      missing  {} via {}", p.sub_b, p.net_b),
         format!("neighbour  missing  {}", p.net_b),
         "route      extra    10.9.250.0/24".to_string(),
+        format!("fdb        missing  {mac} dst 192.168.100.2"),
+        "mtu        wrong    eth0 1500 -> device 1450 -> FLANNEL_MTU 1500".to_string(),
         "masquerade wrong".to_string(),
     ] {
         assert!(text.contains(&want), "{want:?} not in\n{text}");
@@ -648,7 +676,7 @@ fn doctor_names_each_broken_entry() {
         .as_array()
         .map(|a| a.iter().filter(|f| f["state"] == "missing").count())
         .unwrap_or(0);
-    assert_eq!(missing, 2, "{json}");
+    assert_eq!(missing, 3, "{json}");
 }
 
 #[test]
