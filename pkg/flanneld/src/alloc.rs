@@ -77,7 +77,7 @@ pub fn fits(cfg: &NetConfig, key: &SubnetKey) -> bool {
 
 /// Whether the lease was this node's: flannel matches on the public address of the first
 /// enabled family.
-fn is_mine(cfg: &NetConfig, node: &Node, lease: &Lease) -> bool {
+pub fn is_mine(cfg: &NetConfig, node: &Node, lease: &Lease) -> bool {
     if cfg.ipv4.is_some() {
         node.public_ip.is_some() && lease.attrs.public_ip == node.public_ip
     } else {

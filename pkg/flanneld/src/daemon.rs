@@ -375,13 +375,7 @@ async fn own_earlier_lease<R: Registry>(
         .entries
         .iter()
         .filter_map(|e| crate::lease::Lease::decode(&e.key, &e.value).ok())
-        .find(|l| {
-            if cfg.ipv4.is_some() {
-                node.public_ip.is_some() && l.attrs.public_ip == node.public_ip
-            } else {
-                node.public_ipv6.is_some() && l.attrs.public_ipv6 == node.public_ipv6
-            }
-        })
+        .find(|l| alloc::is_mine(cfg, node, l))
         .map(|l| l.attrs)
 }
 

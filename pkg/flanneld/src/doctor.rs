@@ -12,11 +12,10 @@ use crate::lease::{Lease, SubnetKey};
 use crate::masq::{self, MasqSpec};
 use crate::registry::Registry;
 use cni_kernel::netlink::{format_mac, Conn, Route as KRoute};
-use ipnetwork::IpNetwork;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::fmt::Write as _;
-use std::net::IpAddr;
+use std::hash::Hash;
 use std::path::Path;
 
 /// One thing looked at.
@@ -75,77 +74,72 @@ fn show_route(r: &KRoute) -> String {
     s
 }
 
+/// One kind of entry: each wanted one is ok, missing or wrong (`put` holds what the diff would
+/// write), each held one whose key nobody wants is extra.
+fn classify<T, K: Eq + Hash>(
+    kind: &str,
+    want: &[T],
+    have: &[T],
+    (put, removed): (&[T], &[T]),
+    key: impl Fn(&T) -> K,
+    show: impl Fn(&T) -> String,
+) -> Vec<Finding> {
+    let bad: HashSet<K> = put.iter().map(&key).collect();
+    let wanted: HashSet<K> = want.iter().map(&key).collect();
+    let held: HashSet<K> = have.iter().map(&key).collect();
+    let mut out: Vec<Finding> = want
+        .iter()
+        .map(|w| {
+            let k = key(w);
+            let state = if !bad.contains(&k) {
+                "ok"
+            } else if held.contains(&k) {
+                "wrong"
+            } else {
+                "missing"
+            };
+            finding(kind, state, show(w))
+        })
+        .collect();
+    out.extend(
+        removed
+            .iter()
+            .filter(|r| !wanted.contains(&key(r)))
+            .map(|r| finding(kind, "extra", show(r))),
+    );
+    out
+}
+
 /// Each wanted entry is ok, missing or wrong; each held one nobody wants is extra.
 pub fn compare(want: &Entries, have: &Entries) -> Vec<Finding> {
     let plan = diff(want, have);
-    let mut out = Vec::new();
-    let bad_routes: HashSet<IpNetwork> = plan.put.routes.iter().map(|r| r.dst).collect();
-    for r in &want.routes {
-        let state = if !bad_routes.contains(&r.dst) {
-            "ok"
-        } else if have.routes.iter().any(|h| h.dst == r.dst) {
-            "wrong"
-        } else {
-            "missing"
-        };
-        out.push(finding("route", state, show_route(r)));
-    }
-    for r in plan
-        .remove
-        .routes
-        .iter()
-        .filter(|r| !want.routes.iter().any(|w| w.dst == r.dst))
-    {
-        out.push(finding("route", "extra", show_route(r)));
-    }
-    let bad_n: HashSet<IpAddr> = plan.put.neighbours.iter().map(|n| n.ip).collect();
-    for n in &want.neighbours {
-        let state = if !bad_n.contains(&n.ip) {
-            "ok"
-        } else if have.neighbours.iter().any(|h| h.ip == n.ip) {
-            "wrong"
-        } else {
-            "missing"
-        };
-        out.push(finding(
-            "neighbour",
-            state,
-            format!("{} lladdr {}", n.ip, format_mac(&n.mac)),
-        ));
-    }
-    for n in plan.remove.neighbours.iter() {
-        out.push(finding(
-            "neighbour",
-            "extra",
-            format!("{} lladdr {}", n.ip, format_mac(&n.mac)),
-        ));
-    }
-    let bad_f: HashSet<[u8; 6]> = plan.put.fdb.iter().map(|f| f.mac).collect();
-    let show_f = |f: &cni_kernel::netlink::FdbEntry| {
-        format!(
-            "{} dst {}",
-            format_mac(&f.mac),
-            f.dst.map(|d| d.to_string()).unwrap_or_default()
-        )
-    };
-    for f in &want.fdb {
-        let state = if !bad_f.contains(&f.mac) {
-            "ok"
-        } else if have.fdb.iter().any(|h| h.mac == f.mac) {
-            "wrong"
-        } else {
-            "missing"
-        };
-        out.push(finding("fdb", state, show_f(f)));
-    }
-    for f in plan
-        .remove
-        .fdb
-        .iter()
-        .filter(|f| !want.fdb.iter().any(|w| w.mac == f.mac))
-    {
-        out.push(finding("fdb", "extra", show_f(f)));
-    }
+    let mut out = classify(
+        "route",
+        &want.routes,
+        &have.routes,
+        (&plan.put.routes, &plan.remove.routes),
+        |r| r.dst,
+        show_route,
+    );
+    out.extend(classify(
+        "neighbour",
+        &want.neighbours,
+        &have.neighbours,
+        (&plan.put.neighbours, &plan.remove.neighbours),
+        |n| n.ip,
+        |n| format!("{} lladdr {}", n.ip, format_mac(&n.mac)),
+    ));
+    out.extend(classify(
+        "fdb",
+        &want.fdb,
+        &have.fdb,
+        (&plan.put.fdb, &plan.remove.fdb),
+        |f| f.mac,
+        |f| {
+            let dst = f.dst.map(|d| d.to_string()).unwrap_or_default();
+            format!("{} dst {dst}", format_mac(&f.mac))
+        },
+    ));
     out
 }
 
@@ -235,13 +229,9 @@ pub async fn examine<R: Registry>(
         public_ip: ext.public_ip,
         public_ipv6: ext.public_ipv6,
     };
-    let own = leases.iter().find(|l| {
-        if cfg.ipv4.is_some() {
-            node.public_ip.is_some() && l.attrs.public_ip == node.public_ip
-        } else {
-            node.public_ipv6.is_some() && l.attrs.public_ipv6 == node.public_ipv6
-        }
-    });
+    let own = leases
+        .iter()
+        .find(|l| crate::alloc::is_mine(&cfg, &node, l));
     let Some(own) = own else {
         f.push(finding(
             "lease",
@@ -414,7 +404,7 @@ mod tests {
 
     #[test]
     fn each_entry_is_ok_missing_wrong_or_extra() {
-        let gw: IpAddr = "10.5.2.0".parse().unwrap();
+        let gw: std::net::IpAddr = "10.5.2.0".parse().unwrap();
         let want = Entries {
             routes: vec![Route::new("10.5.2.0/24".parse().unwrap(), Some(gw), Some(10)).onlink()],
             neighbours: vec![Neighbour::permanent(10, gw, [2, 0, 0, 0, 0, 1])],

@@ -48,11 +48,16 @@ pub struct External {
     pub addrs: Vec<IpNetwork>,
 }
 
-fn usable(a: &IpNetwork) -> bool {
-    match a.ip() {
-        IpAddr::V4(ip) => !ip.is_loopback() && !ip.is_link_local(),
-        IpAddr::V6(ip) => !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80,
+/// A link-local address (169.254/16, fe80::/10): never a node's public one, never stale.
+pub fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => ip.is_link_local(),
+        IpAddr::V6(ip) => (ip.segments()[0] & 0xffc0) == 0xfe80,
     }
+}
+
+fn usable(a: &IpNetwork) -> bool {
+    !a.ip().is_loopback() && !is_link_local(a.ip())
 }
 
 fn first_v4(l: &LinkFacts) -> Option<Ipv4Addr> {

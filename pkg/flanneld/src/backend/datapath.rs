@@ -7,7 +7,7 @@
 use super::desired::{self, diff, owns_route, Entries, Local, Plan};
 use super::mode::{self, Mode, VxlanParams};
 use crate::config::NetConfig;
-use crate::iface::External;
+use crate::iface::{is_link_local, External};
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::view::Event;
@@ -55,6 +55,39 @@ impl Changes {
     }
 }
 
+/// The MTU of the vxlan device of one family: the underlay's less the encapsulation.
+fn device_mtu(p: &VxlanParams, ext: &External, v6: bool) -> u32 {
+    let overhead = if v6 {
+        VXLAN_OVERHEAD_V6
+    } else {
+        VXLAN_OVERHEAD_V4
+    };
+    p.mtu.unwrap_or(ext.mtu).saturating_sub(overhead)
+}
+
+/// The vxlan device of one family as it must be: the external interface's address as the
+/// local source, the interface as its device.
+fn vxlan_spec(p: &VxlanParams, ext: &External, v6: bool, mac: Option<[u8; 6]>) -> VxlanSpec {
+    let local: Option<IpAddr> = if v6 {
+        ext.iface_ipv6.or(ext.public_ipv6).map(IpAddr::V6)
+    } else {
+        ext.iface_ip.or(ext.public_ip).map(IpAddr::V4)
+    };
+    VxlanSpec {
+        name: device_name(v6, p.vni),
+        vxlan: Vxlan {
+            vni: p.vni,
+            port: p.port,
+            local,
+            device: Some(ext.index),
+            learning: p.learning,
+            gbp: p.gbp,
+        },
+        mtu: Some(device_mtu(p, ext, v6)),
+        mac,
+    }
+}
+
 fn random_mac() -> [u8; 6] {
     let mut m = [0u8; 6];
     for b in m.iter_mut() {
@@ -87,17 +120,10 @@ impl Datapath {
             Mode::Vxlan(p) => Some(p.clone()),
             _ => None,
         };
-        // The pods' MTU: what fits through every device they may use.
+        // The pods' MTU: what fits through every device they may use (the IPv6 one is the
+        // smaller when there is one).
         let mtu = match &vxlan {
-            Some(p) => {
-                let base = p.mtu.unwrap_or(ext.mtu);
-                let overhead = if cfg.ipv6.is_some() {
-                    VXLAN_OVERHEAD_V6
-                } else {
-                    VXLAN_OVERHEAD_V4
-                };
-                base.saturating_sub(overhead)
-            }
+            Some(p) => device_mtu(p, ext, cfg.ipv6.is_some()),
             None => ext.mtu,
         };
         if mode == Mode::HostGw {
@@ -157,7 +183,9 @@ impl Datapath {
                     .await
                     .ok()
                     .flatten()
-                    .filter(|l| l.is_vxlan() && dp.spec(v6, None).differences(l).is_empty())
+                    .filter(|l| {
+                        l.is_vxlan() && vxlan_spec(&p, ext, v6, None).differences(l).is_empty()
+                    })
                     .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
                 let from_lease = previous.and_then(|a| {
                     desired::vtep_mac(if v6 {
@@ -178,45 +206,15 @@ impl Datapath {
         Ok(dp)
     }
 
-    fn spec(&self, v6: bool, mac: Option<[u8; 6]>) -> VxlanSpec {
-        let p = self.vxlan.clone().unwrap_or(VxlanParams {
-            vni: 1,
-            port: 8472,
-            mtu: None,
-            gbp: false,
-            learning: false,
-            direct_routing: false,
-        });
-        let local: Option<IpAddr> = if v6 {
-            self.ext.iface_ipv6.or(self.ext.public_ipv6).map(IpAddr::V6)
-        } else {
-            self.ext.iface_ip.or(self.ext.public_ip).map(IpAddr::V4)
-        };
-        VxlanSpec {
-            name: device_name(v6, p.vni),
-            vxlan: Vxlan {
-                vni: p.vni,
-                port: p.port,
-                local,
-                device: Some(self.ext.index),
-                learning: p.learning,
-                gbp: p.gbp,
-            },
-            mtu: Some(p.mtu.unwrap_or(self.ext.mtu).saturating_sub(if v6 {
-                VXLAN_OVERHEAD_V6
-            } else {
-                VXLAN_OVERHEAD_V4
-            })),
-            mac,
-        }
-    }
-
     /// The devices as they must be; whether anything changed.
     async fn ensure_devices(&mut self) -> Result<bool, String> {
+        let Some(p) = self.vxlan.clone() else {
+            return Ok(false);
+        };
         let mut changed = false;
         for (v6, mac) in [(false, self.vtep4), (true, self.vtep6)] {
             let Some(mac) = mac else { continue };
-            let spec = self.spec(v6, Some(mac));
+            let spec = vxlan_spec(&p, &self.ext, v6, Some(mac));
             let (link, c) = self
                 .conn
                 .ensure_vxlan(&spec)
@@ -248,13 +246,10 @@ impl Datapath {
                     .addresses(link.index)
                     .await
                     .map_err(|e| e.to_string())?;
-                for stale in have.iter().filter(|a| {
-                    let link_local = match a.ip() {
-                        IpAddr::V4(ip) => ip.is_link_local(),
-                        IpAddr::V6(ip) => (ip.segments()[0] & 0xffc0) == 0xfe80,
-                    };
-                    **a != want && a.is_ipv4() != v6 && !link_local
-                }) {
+                for stale in have
+                    .iter()
+                    .filter(|a| **a != want && a.is_ipv4() != v6 && !is_link_local(a.ip()))
+                {
                     // An address from another subnet (an earlier lease) would answer for it.
                     if self
                         .conn
@@ -316,9 +311,7 @@ impl Datapath {
     /// This node's lease is held: its subnet goes onto the devices.
     pub async fn set_own(&mut self, own: SubnetKey) -> Result<(), String> {
         self.local.own = own;
-        if self.vxlan.is_some() {
-            self.ensure_devices().await?;
-        }
+        self.ensure_devices().await?;
         Ok(())
     }
 
@@ -328,10 +321,10 @@ impl Datapath {
 
     /// One pass: the devices, then every entry the leases call for; returns what changed.
     pub async fn reconcile(&mut self, others: &[Lease]) -> Result<Changes, String> {
-        let mut changes = Changes::default();
-        if self.vxlan.is_some() {
-            changes.device = self.ensure_devices().await?;
-        }
+        let mut changes = Changes {
+            device: self.ensure_devices().await?,
+            ..Changes::default()
+        };
         let want = desired::desired(&self.local, others);
         metrics::set(&METRICS.routes, want.entries.routes.len() as u64);
         metrics::set(&METRICS.neighbours, want.entries.neighbours.len() as u64);
