@@ -9,8 +9,6 @@ mod common;
 
 use common::*;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn mac(i: usize) -> String {
@@ -29,25 +27,6 @@ fn subnet(i: usize) -> (String, String) {
         format!("10.{}.{}.0", n / 256, n % 256),
         format!("172.16.{}.{}", i / 256, i % 256),
     )
-}
-
-fn txn(node: &Node, etcd: &Etcd, input: &str) {
-    let mut child = node
-        .ns
-        .command("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.client_url, "txn"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("etcdctl txn");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("writing the txn");
-    }
-    assert!(
-        child.wait().expect("etcdctl txn").success(),
-        "the txn failed"
-    );
 }
 
 fn count(node: &Node, args: &[&str]) -> usize {
@@ -79,15 +58,6 @@ fn wait_entries(node: &Node, want: usize, start: Instant) -> Duration {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// The same entries through one `ip -batch` (and `bridge -batch`) each way.
@@ -193,10 +163,10 @@ fn main() {
         }
         put.push_str("\n\n");
         del.push_str("\n\n");
-        txn(&node, &etcd, &put);
+        etcd.txn(&node, &put);
         let t_in = wait_entries(&node, n, Instant::now());
-        let rss = rss_kib(d.pid(), "VmRSS:");
-        txn(&node, &etcd, &del);
+        let rss = d.memory_kib("VmRSS:");
+        etcd.txn(&node, &del);
         let t_out = wait_entries(&node, 0, Instant::now());
         let (r_in, r_out) = reference(n);
         println!(
@@ -210,6 +180,6 @@ fn main() {
     }
     println!(
         "peak RSS: {:.1} MiB",
-        rss_kib(d.pid(), "VmHWM:") as f64 / 1024.0
+        d.memory_kib("VmHWM:") as f64 / 1024.0
     );
 }

@@ -7,8 +7,6 @@ mod common;
 
 use common::*;
 use std::fmt::Write as _;
-use std::io::Write as _;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const LEASES: usize = 5000;
@@ -37,15 +35,6 @@ fn count(log: &str, needle: &str) -> usize {
     log.matches(needle).count()
 }
 
-fn rss_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 fn burst(node: &Node, etcd: &Etcd, d: &Daemon, put: bool, before: usize) -> (Duration, Duration) {
     let needle = if put {
         "lease added: 10."
@@ -54,22 +43,7 @@ fn burst(node: &Node, etcd: &Etcd, d: &Daemon, put: bool, before: usize) -> (Dur
     };
     let input = txn_input(put);
     let start = Instant::now();
-    let mut child = node
-        .ns
-        .command("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.client_url, "txn"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("etcdctl txn");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(input.as_bytes()).expect("writing the txn");
-    }
-    assert!(
-        child.wait().expect("etcdctl txn").success(),
-        "the txn failed"
-    );
+    etcd.txn(node, &input);
     let committed = start.elapsed();
     let want = before + LEASES;
     loop {
@@ -108,7 +82,6 @@ fn main() {
         &[],
     );
     d.subnet(Duration::from_secs(30));
-    let pid = d.pid();
     println!("flanneld, {LEASES} leases in one etcd transaction, {ROUNDS} rounds (ms from the txn's start):");
     println!("| round | op | txn committed | all events delivered | RSS after |");
     println!("|---:|---|---:|---:|---:|");
@@ -121,12 +94,12 @@ fn main() {
                 if put { "put" } else { "delete" },
                 c.as_secs_f64() * 1e3,
                 all.as_secs_f64() * 1e3,
-                rss_kib(pid, "VmRSS:") as f64 / 1024.0
+                d.memory_kib("VmRSS:") as f64 / 1024.0
             );
         }
     }
     println!(
         "peak RSS: {:.1} MiB",
-        rss_kib(pid, "VmHWM:") as f64 / 1024.0
+        d.memory_kib("VmHWM:") as f64 / 1024.0
     );
 }

@@ -101,6 +101,22 @@ fn ping(node: &Node, from: &str, to: &str) -> bool {
         .success()
 }
 
+/// Deletes the FDB entry on `node`'s flannel.1 towards `dst` by hand; returns its MAC.
+fn delete_fdb_to(node: &Node, dst: &str) -> String {
+    let fdb = node.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
+    let mac = fdb
+        .lines()
+        .find(|l| l.contains(&format!("dst {dst}")))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no FDB entry to {dst} in\n{fdb}"))
+        .to_string();
+    node.ns.run(
+        "bridge",
+        &["fdb", "del", &mac, "dev", "flannel.1", "dst", dst],
+    );
+    mac
+}
+
 /// Our rules as iptables-save prints them (without its comments and counters).
 fn firewall(node: &Node) -> String {
     ["nat", "filter"]
@@ -212,25 +228,7 @@ fn vxlan_puts_back_what_is_deleted_by_hand() {
         &format!("{} lladdr", p.net_b),
         REPAIR,
     );
-    let fdb = p.a.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
-    let mac = fdb
-        .lines()
-        .find(|l| l.contains("dst 192.168.100.2"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_default()
-        .to_string();
-    p.a.ns.run(
-        "bridge",
-        &[
-            "fdb",
-            "del",
-            &mac,
-            "dev",
-            "flannel.1",
-            "dst",
-            "192.168.100.2",
-        ],
-    );
+    delete_fdb_to(&p.a, "192.168.100.2");
     wait_has(
         &p.a,
         &["bridge", "fdb", "show", "dev", "flannel.1"],
@@ -631,25 +629,7 @@ fn doctor_names_each_broken_entry() {
     ]);
     p.a.ns
         .run("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"]);
-    let fdb = p.a.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]);
-    let mac = fdb
-        .lines()
-        .find(|l| l.contains("dst 192.168.100.2"))
-        .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_default()
-        .to_string();
-    p.a.ns.run(
-        "bridge",
-        &[
-            "fdb",
-            "del",
-            &mac,
-            "dev",
-            "flannel.1",
-            "dst",
-            "192.168.100.2",
-        ],
-    );
+    let mac = delete_fdb_to(&p.a, "192.168.100.2");
     // subnet.env with an MTU the device cannot carry.
     let env = std::fs::read_to_string(&p.da.subnet_file).unwrap();
     std::fs::write(

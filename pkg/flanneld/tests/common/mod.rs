@@ -237,6 +237,28 @@ impl Etcd {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// One transaction from etcdctl's txn input (compares, a blank line, success ops, a blank
+    /// line, failure ops), panicking when it fails.
+    pub fn txn(&self, node: &Node, input: &str) {
+        use std::io::Write as _;
+        let mut child = node
+            .ns
+            .command("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.client_url, "txn"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("etcdctl txn");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes()).expect("writing the txn");
+        }
+        assert!(
+            child.wait().expect("etcdctl txn").success(),
+            "the txn failed"
+        );
+    }
+
     pub fn put(&self, node: &Node, key: &str, value: &str) {
         self.ctl_ok(node, &["put", key, "--", value]);
     }
@@ -309,6 +331,16 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// A size field of /proc/<pid>/status (`VmRSS:`, `VmHWM:`) in KiB; 0 when unreadable.
+    pub fn memory_kib(&self, field: &str) -> u64 {
+        fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// User plus system CPU time used so far.
