@@ -7,7 +7,9 @@
 //!   waited for: IPAM and the rule tools).
 //!
 //! Run as root: `cargo bench -p bridge` (it builds our host-local in release if missing).
-//! BENCH_PODS and BENCH_CONCURRENCY change the sizes.
+//! BENCH_PODS and BENCH_CONCURRENCY change the sizes. BENCH_BASELINE=<dir> adds a third row
+//! in the same run: the `bridge` and `host-local` in that directory (an earlier build of ours),
+//! so that a change is compared with what came before it on the same machine at the same time.
 
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -20,7 +22,7 @@ use tempfile::TempDir;
 use testkit::{TestNs, GO_PLUGIN_DIR};
 
 struct Impl {
-    label: &'static str,
+    label: String,
     /// CNI_PATH: `bridge` and `host-local`.
     dir: PathBuf,
     _keep: Option<TempDir>,
@@ -210,7 +212,7 @@ fn ours() -> Impl {
     symlink(&bridge, dir.path().join("bridge")).unwrap();
     symlink(&host_local, dir.path().join("host-local")).unwrap();
     Impl {
-        label: "rust bridge + rust host-local",
+        label: "rust bridge + rust host-local".into(),
         dir: dir.path().to_path_buf(),
         _keep: Some(dir),
     }
@@ -238,14 +240,22 @@ fn main() {
         .unwrap_or(8);
     let rust = ours();
     let go = Impl {
-        label: "go bridge + go host-local",
+        label: "go bridge + go host-local".into(),
         dir: PathBuf::from(GO_PLUGIN_DIR),
         _keep: None,
     };
+    let baseline = std::env::var_os("BENCH_BASELINE").map(|dir| Impl {
+        label: "baseline (BENCH_BASELINE)".into(),
+        dir: PathBuf::from(dir),
+        _keep: None,
+    });
     eprintln!("creating {n} pod namespaces...");
     let pods: Vec<TestNs> = (0..n).map(|_| TestNs::new("bbp")).collect();
     // Warm both (page cache, first bridge creation) outside the figures.
-    for imp in [&rust, &go] {
+    for imp in [Some(&rust), Some(&go), baseline.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         let host = TestNs::new("bbw");
         let data = TempDir::new().unwrap();
         let c = conf(data.path());
@@ -256,6 +266,10 @@ fn main() {
     let r = measure(&rust, &pods, workers);
     eprintln!("measuring {} ...", go.label);
     let g = measure(&go, &pods, workers);
+    let b = baseline.as_ref().map(|imp| {
+        eprintln!("measuring {} in {} ...", imp.label, imp.dir.display());
+        measure(imp, &pods, workers)
+    });
 
     println!(
         "bridge side by side: {n} pods one after another with ipMasq, then {n} ADDs at concurrency {workers}"
@@ -264,7 +278,13 @@ fn main() {
         "{:<34} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10}",
         "", "ADD p50", "ADD p99", "DEL p50", "DEL p99", "ADD/s (x8)", "peak RSS"
     );
-    for (label, f) in [(rust.label, &r), (go.label, &g)] {
+    let rows = [
+        Some((&rust, &r)),
+        Some((&go, &g)),
+        baseline.as_ref().zip(b.as_ref()),
+    ];
+    for (imp, f) in rows.into_iter().flatten() {
+        let label = &imp.label;
         println!(
             "{:<34} {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>12.1} {:>7.2}MiB",
             label,
@@ -285,6 +305,15 @@ fn main() {
         r.maxrss_kib as f64 / g.maxrss_kib as f64,
         r.maxrss_kib as f64 / 1024.0
     );
+    if let Some(b) = &b {
+        println!(
+            "ratios rust/baseline: ADD p50 {:.2}, DEL p50 {:.2}, throughput {:.2}x, peak RSS {:.2}",
+            ms(r.add_p50) / ms(b.add_p50),
+            ms(r.del_p50) / ms(b.del_p50),
+            r.per_sec / b.per_sec,
+            r.maxrss_kib as f64 / b.maxrss_kib as f64
+        );
+    }
     println!("(peak RSS is wait4's ru_maxrss: the bridge or the largest child it waited for)");
 }
 
