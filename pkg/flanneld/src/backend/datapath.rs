@@ -416,6 +416,7 @@ impl Datapath {
             }
             NlEvent::Neighbour { neighbour, .. } => ours(neighbour.device),
             NlEvent::Fdb { entry, .. } => ours(entry.device),
+            NlEvent::Overflow => true,
         }
     }
 

@@ -1,12 +1,12 @@
 //! Link, address, route and neighbour changes as the kernel announces them, as a stream. An
 //! event is a reason to look again, not a record to trust: a listener that falls behind
-//! loses some (the kernel drops what its socket cannot hold).
+//! loses some, and is then told so by [`Event::Overflow`].
 
 use super::{parse, FdbEntry, Link, Neighbour, Route};
 use crate::error::{Error, Result};
 use crate::netns::Netns;
 use futures::channel::mpsc::UnboundedReceiver;
-use futures::Stream;
+use futures::{Future, Stream};
 use ipnetwork::IpNetwork;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
@@ -39,12 +39,21 @@ pub enum Event {
         entry: FdbEntry,
         removed: bool,
     },
+    /// The kernel dropped notifications its socket buffer could not hold: anything may have
+    /// changed.
+    Overflow,
 }
 
 /// The stream of changes in one namespace, for as long as it is kept.
+///
+/// The socket is read only while the stream is polled. A listener busy elsewhere (writing
+/// thousands of entries, each of which comes back as a notification) lets the kernel's
+/// buffer fill and drop the rest, which it learns as one [`Event::Overflow`], instead of
+/// the notifications piling up in memory.
 pub struct Events {
+    conn: rtnetlink::proto::Connection<RouteNetlinkMessage>,
+    conn_done: bool,
     messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
-    driver: tokio::task::JoinHandle<()>,
 }
 
 const GROUPS: &[MulticastGroup] = &[
@@ -57,16 +66,17 @@ const GROUPS: &[MulticastGroup] = &[
 ];
 
 impl Events {
-    /// Listens in the calling thread's namespace, driven by a task on the current tokio
-    /// runtime.
+    /// Listens in the calling thread's namespace; must be called inside a tokio runtime (the
+    /// socket registers with its reactor).
     pub fn subscribe() -> Result<Events> {
-        let runtime = tokio::runtime::Handle::try_current()
+        tokio::runtime::Handle::try_current()
             .map_err(|e| Error::failed("listening to", "netlink notifications", e))?;
         let (conn, _handle, messages) = rtnetlink::new_multicast_connection(GROUPS)
             .map_err(|e| Error::io("listening to", "netlink notifications", &e))?;
         Ok(Events {
+            conn,
+            conn_done: false,
             messages,
-            driver: runtime.spawn(conn),
         })
     }
 
@@ -76,26 +86,28 @@ impl Events {
     }
 }
 
-impl Drop for Events {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
 impl Stream for Events {
     type Item = Event;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let this = self.get_mut();
+        if !this.conn_done && Pin::new(&mut this.conn).poll(cx).is_ready() {
+            this.conn_done = true;
+        }
         loop {
-            match Pin::new(&mut self.messages).poll_next(cx) {
-                Poll::Ready(Some((msg, _))) => {
-                    if let NetlinkPayload::InnerMessage(m) = msg.payload {
+            match Pin::new(&mut this.messages).poll_next(cx) {
+                Poll::Ready(Some((msg, _))) => match msg.payload {
+                    NetlinkPayload::InnerMessage(m) => {
                         if let Some(e) = event(&m) {
                             return Poll::Ready(Some(e));
                         }
                     }
-                }
+                    NetlinkPayload::Overrun(_) => return Poll::Ready(Some(Event::Overflow)),
+                    _ => {}
+                },
                 Poll::Ready(None) => return Poll::Ready(None),
+                // The socket is gone and everything it gave has been read.
+                Poll::Pending if this.conn_done => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
         }
