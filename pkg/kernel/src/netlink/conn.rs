@@ -23,9 +23,10 @@ use rtnetlink::packet_core::{
     NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
     NLM_F_REQUEST,
 };
+use rtnetlink::proto::ConnectionHandle;
+use rtnetlink::sys::{protocols::NETLINK_ROUTE, SocketAddr};
 use rtnetlink::{
-    Handle, LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth,
-    LinkVxlan,
+    LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
 };
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -37,10 +38,14 @@ use std::time::Duration;
 /// enough that their answers fit the socket's receive buffer.
 const WINDOW: usize = 128;
 
+/// How many requests [`Conn::write`] puts in one datagram: the kernel handles them all in
+/// one system call, and the connection's task wakes once for their answers.
+const BATCH: usize = 64;
+
 /// A connection to the kernel's routing subsystem in one namespace. Clones share it.
 #[derive(Clone)]
 pub struct Conn {
-    handle: Handle,
+    handle: ConnectionHandle<RouteNetlinkMessage>,
 }
 
 /// The future that reads and writes a connection's socket; it must be polled (spawned) for
@@ -99,7 +104,7 @@ impl Conn {
     /// A connection in the calling thread's namespace and the future that drives it. Must be
     /// called inside a tokio runtime (its socket registers with the runtime's reactor).
     pub fn connect() -> Result<(Conn, Driver)> {
-        let (conn, handle, _) = rtnetlink::new_connection()
+        let (conn, handle, _) = rtnetlink::proto::new_connection(NETLINK_ROUTE)
             .map_err(|e| Error::io("opening", "a netlink socket", &e))?;
         Ok((Conn { handle }, Driver(conn)))
     }
@@ -125,9 +130,23 @@ impl Conn {
         msg: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>, Fail> {
+        self.request_map(msg, flags, Some).await
+    }
+
+    /// Sends one request and keeps what `keep` makes of each answer as it arrives (a dump of
+    /// thousands of entries is never held whole in the kernel's form).
+    async fn request_map<T>(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        mut keep: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> Result<Vec<T>, Fail> {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = flags;
-        let mut resp = self.handle.clone().request(req).map_err(|_| Fail::Closed)?;
+        let mut resp = self
+            .handle
+            .request(req, SocketAddr::new(0, 0))
+            .map_err(|_| Fail::Closed)?;
         let mut out = Vec::new();
         while let Some(m) = resp.next().await {
             match m.payload {
@@ -136,7 +155,7 @@ impl Conn {
                         return Err(Fail::Errno(Errno::from_raw(-code.get())));
                     }
                 }
-                NetlinkPayload::InnerMessage(m) => out.push(m),
+                NetlinkPayload::InnerMessage(m) => out.extend(keep(m)),
                 _ => {}
             }
         }
@@ -152,6 +171,15 @@ impl Conn {
 
     async fn dump(&self, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, Fail> {
         self.request(msg, NLM_F_REQUEST | NLM_F_DUMP).await
+    }
+
+    async fn dump_map<T>(
+        &self,
+        msg: RouteNetlinkMessage,
+        keep: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> Result<Vec<T>, Fail> {
+        self.request_map(msg, NLM_F_REQUEST | NLM_F_DUMP, keep)
+            .await
     }
 
     /// One object by its key; None when the kernel has none (`absent`).
@@ -578,14 +606,16 @@ impl Conn {
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
             let mut msg = RouteMessage::default();
             msg.header.address_family = family;
-            let msgs = self
-                .dump(RouteNetlinkMessage::GetRoute(msg))
+            let routes = self
+                .dump_map(RouteNetlinkMessage::GetRoute(msg), |m| match m {
+                    RouteNetlinkMessage::NewRoute(r) => {
+                        parse::route(&r).filter(|r| r.table == table)
+                    }
+                    _ => None,
+                })
                 .await
                 .map_err(|f| f.into_error("listing", "routes"))?;
-            out.extend(msgs.iter().filter_map(|m| match m {
-                RouteNetlinkMessage::NewRoute(r) => parse::route(r).filter(|r| r.table == table),
-                _ => None,
-            }));
+            out.extend(routes);
         }
         Ok(out)
     }
@@ -658,9 +688,7 @@ impl Conn {
     /// Deletes a route (matched by destination and table, and by gateway and device where
     /// given); false when there was none.
     pub async fn delete_route(&self, route: &Route) -> Result<bool> {
-        let mut msg = parse::route_message(route, RouteProtocol::Unspec);
-        msg.header.scope = netlink_packet_route::route::RouteScope::NoWhere;
-        let r = self.ack(RouteNetlinkMessage::DelRoute(msg), 0).await;
+        let r = self.ack(route_deletion(route), 0).await;
         changed(r, &[Errno::ESRCH], "deleting route", route_name(route))
     }
 
@@ -679,16 +707,16 @@ impl Conn {
             let mut msg = NeighbourMessage::default();
             msg.header.family = family;
             msg.header.ifindex = device;
-            let msgs = self
-                .dump(RouteNetlinkMessage::GetNeighbour(msg))
+            let entries = self
+                .dump_map(RouteNetlinkMessage::GetNeighbour(msg), |m| match m {
+                    RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == device => {
+                        parse::neighbour(&n)
+                    }
+                    _ => None,
+                })
                 .await
                 .map_err(|f| f.into_error("listing neighbours", format!("of link {device}")))?;
-            out.extend(msgs.iter().filter_map(|m| match m {
-                RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == device => {
-                    parse::neighbour(n)
-                }
-                _ => None,
-            }));
+            out.extend(entries);
         }
         Ok(out)
     }
@@ -751,15 +779,7 @@ impl Conn {
 
     /// Deletes the entry for `ip` on `device`; false when there was none.
     pub async fn delete_neighbour(&self, device: u32, ip: IpAddr) -> Result<bool> {
-        let key = Neighbour {
-            device,
-            ip,
-            mac: Vec::new(),
-            permanent: false,
-        };
-        let mut msg = parse::neighbour_message(&key);
-        msg.header.state = Default::default();
-        let r = self.ack(RouteNetlinkMessage::DelNeighbour(msg), 0).await;
+        let r = self.ack(neighbour_deletion(device, ip), 0).await;
         changed(
             r,
             &[Errno::ENOENT],
@@ -775,24 +795,19 @@ impl Conn {
         let mut msg = NeighbourMessage::default();
         msg.header.family = AddressFamily::Bridge;
         msg.header.ifindex = device;
-        let msgs = self
-            .dump(RouteNetlinkMessage::GetNeighbour(msg))
-            .await
-            .map_err(|f| {
-                f.into_error(
-                    "listing the forwarding entries",
-                    format!("of link {device}"),
-                )
-            })?;
-        Ok(msgs
-            .iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == device => {
-                    parse::fdb_entry(n)
-                }
-                _ => None,
-            })
-            .collect())
+        self.dump_map(RouteNetlinkMessage::GetNeighbour(msg), |m| match m {
+            RouteNetlinkMessage::NewNeighbour(n) if n.header.ifindex == device => {
+                parse::fdb_entry(&n)
+            }
+            _ => None,
+        })
+        .await
+        .map_err(|f| {
+            f.into_error(
+                "listing the forwarding entries",
+                format!("of link {device}"),
+            )
+        })
     }
 
     /// The device's entry for `mac` (its first destination), or None.
@@ -869,6 +884,136 @@ impl Conn {
             fdb_name(e),
         )
     }
+
+    // ---- Batches ----
+
+    /// Makes the writes in the order given, many in flight and many to a datagram, without
+    /// reading anything first: for a caller that has just read what is there and knows what
+    /// differs. Every write is tried; the failures come back, each naming its entry. Deleting
+    /// what is already gone is no failure.
+    pub async fn write(&self, writes: &[Write<'_>]) -> Vec<Error> {
+        let mut batches = writes.chunks(BATCH);
+        let mut in_flight = futures::stream::FuturesOrdered::new();
+        let mut failed = Vec::new();
+        loop {
+            while in_flight.len() < WINDOW / BATCH {
+                match batches.next() {
+                    Some(b) => in_flight.push_back(self.write_batch(b)),
+                    None => break,
+                }
+            }
+            match in_flight.next().await {
+                Some(f) => failed.extend(f),
+                None => return failed,
+            }
+        }
+    }
+
+    /// One datagram of writes; the kernel answers each in order.
+    async fn write_batch(&self, batch: &[Write<'_>]) -> Vec<Error> {
+        let set = NLM_F_CREATE | NLM_F_REPLACE;
+        let messages = batch.iter().map(|w| {
+            let (msg, flags) = match *w {
+                Write::SetRoute(r) => (
+                    RouteNetlinkMessage::NewRoute(parse::route_message(r, RouteProtocol::Boot)),
+                    set,
+                ),
+                Write::DeleteRoute(r) => (route_deletion(r), 0),
+                Write::SetNeighbour(n) => (
+                    RouteNetlinkMessage::NewNeighbour(parse::neighbour_message(n)),
+                    set,
+                ),
+                Write::DeleteNeighbour(n) => (neighbour_deletion(n.device, n.ip), 0),
+                Write::SetFdb(e) => (
+                    RouteNetlinkMessage::NewNeighbour(parse::fdb_message(e)),
+                    set,
+                ),
+                Write::DeleteFdb(e) => {
+                    (RouteNetlinkMessage::DelNeighbour(parse::fdb_message(e)), 0)
+                }
+            };
+            let mut req = NetlinkMessage::from(msg);
+            req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+            req
+        });
+        let closed = || {
+            batch
+                .iter()
+                .map(|w| Fail::Closed.into_error(w.op(), w.object()))
+                .collect()
+        };
+        let Ok(mut answers) = self.handle.request_batch(messages, SocketAddr::new(0, 0)) else {
+            return closed();
+        };
+        let mut failed = Vec::new();
+        let mut answered = 0;
+        while let Some(m) = answers.next().await {
+            let NetlinkPayload::Error(e) = m.payload else {
+                continue;
+            };
+            let Some(w) = batch.get(answered) else { break };
+            answered += 1;
+            let Some(code) = e.code else { continue };
+            let errno = Errno::from_raw(-code.get());
+            if !w.quiet(errno) {
+                failed.push(Fail::Errno(errno).into_error(w.op(), w.object()));
+            }
+        }
+        if answered < batch.len() {
+            failed.extend(
+                batch[answered..]
+                    .iter()
+                    .map(|w| Fail::Closed.into_error(w.op(), w.object())),
+            );
+        }
+        failed
+    }
+}
+
+/// One change of a batch for [`Conn::write`].
+#[derive(Debug, Clone, Copy)]
+pub enum Write<'a> {
+    /// Sets the route, replacing any other to its destination in its table.
+    SetRoute(&'a Route),
+    DeleteRoute(&'a Route),
+    /// Sets the neighbour entry, replacing what is there for its address.
+    SetNeighbour(&'a Neighbour),
+    /// Deletes the entry for the neighbour's address, whatever its MAC.
+    DeleteNeighbour(&'a Neighbour),
+    /// Sets the entry for the MAC to the one destination given.
+    SetFdb(&'a FdbEntry),
+    DeleteFdb(&'a FdbEntry),
+}
+
+impl Write<'_> {
+    fn op(&self) -> &'static str {
+        match self {
+            Write::SetRoute(_) => "replacing route",
+            Write::DeleteRoute(_) => "deleting route",
+            Write::SetNeighbour(_) => "setting neighbour",
+            Write::DeleteNeighbour(_) => "deleting neighbour",
+            Write::SetFdb(_) => "setting the forwarding entry",
+            Write::DeleteFdb(_) => "deleting the forwarding entry",
+        }
+    }
+
+    fn object(&self) -> String {
+        match self {
+            Write::SetRoute(r) | Write::DeleteRoute(r) => route_name(r),
+            Write::SetNeighbour(n) => neighbour_name(n),
+            Write::DeleteNeighbour(n) => format!("{} on link {}", n.ip, n.device),
+            Write::SetFdb(e) | Write::DeleteFdb(e) => fdb_name(e),
+        }
+    }
+
+    /// The kernel saying a deletion had nothing to delete.
+    fn quiet(&self, errno: Errno) -> bool {
+        match self {
+            Write::DeleteRoute(_) => errno == Errno::ESRCH,
+            Write::DeleteNeighbour(_) | Write::DeleteFdb(_) => errno == Errno::ENOENT,
+            _ => false,
+        }
+    }
 }
 
 /// Runs the operations with up to WINDOW of them in flight on the connection; their results in
@@ -877,12 +1022,42 @@ async fn pipelined<T, F>(ops: Vec<F>) -> Result<Vec<T>>
 where
     F: Future<Output = Result<T>>,
 {
-    futures::stream::iter(ops)
-        .buffered(WINDOW)
-        .collect::<Vec<Result<T>>>()
-        .await
-        .into_iter()
-        .collect()
+    let mut out = Vec::new();
+    let mut first_error = None;
+    let mut results = futures::stream::iter(ops).buffered(WINDOW);
+    while let Some(r) = results.next().await {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The request deleting a route (matched by destination and table, and by gateway and
+/// device where given).
+fn route_deletion(route: &Route) -> RouteNetlinkMessage {
+    let mut msg = parse::route_message(route, RouteProtocol::Unspec);
+    msg.header.scope = netlink_packet_route::route::RouteScope::NoWhere;
+    RouteNetlinkMessage::DelRoute(msg)
+}
+
+/// The request deleting the neighbour entry for `ip` on `device`, whatever its MAC.
+fn neighbour_deletion(device: u32, ip: IpAddr) -> RouteNetlinkMessage {
+    let key = Neighbour {
+        device,
+        ip,
+        mac: Vec::new(),
+        permanent: false,
+    };
+    let mut msg = parse::neighbour_message(&key);
+    msg.header.state = Default::default();
+    RouteNetlinkMessage::DelNeighbour(msg)
 }
 
 fn route_name(r: &Route) -> String {

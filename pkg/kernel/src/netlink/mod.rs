@@ -8,7 +8,7 @@ mod events;
 mod parse;
 mod sync;
 
-pub use conn::Conn;
+pub use conn::{Conn, Write};
 pub use events::{Event, Events};
 pub use sync::Netlink;
 
