@@ -11,7 +11,7 @@ use crate::iface::{is_link_local, External};
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::view::Event;
-use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Events, Vxlan, VxlanSpec};
+use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Events, Vxlan, VxlanSpec, Write};
 use cni_kernel::procsys::{self, Proto};
 use futures::StreamExt;
 use ipnetwork::IpNetwork;
@@ -321,10 +321,12 @@ impl Datapath {
 
     /// One pass: the devices, then every entry the leases call for; returns what changed.
     pub async fn reconcile(&mut self, others: &[Lease]) -> Result<Changes, String> {
+        let started = std::time::Instant::now();
         let mut changes = Changes {
             device: self.ensure_devices().await?,
             ..Changes::default()
         };
+        let devices = started.elapsed();
         let want = desired::desired(&self.local, others);
         metrics::set(&METRICS.routes, want.entries.routes.len() as u64);
         metrics::set(&METRICS.neighbours, want.entries.neighbours.len() as u64);
@@ -332,12 +334,23 @@ impl Datapath {
         for (key, why) in &want.skipped {
             debug!("lease {key} gives no entry: {why}");
         }
+        let computed = started.elapsed();
         let have = self.actual().await?;
+        let read = started.elapsed();
         let plan = diff(&want.entries, &have);
+        drop((want, have));
+        let diffed = started.elapsed();
         if plan.is_empty() {
             return Ok(changes);
         }
         self.apply(&plan).await;
+        debug!(
+            "datapath pass: devices {devices:?}, desired {:?}, read {:?}, diff {:?}, write {:?}",
+            computed - devices,
+            read - computed,
+            diffed - read,
+            started.elapsed() - diffed
+        );
         changes.put = (
             plan.put.routes.len(),
             plan.put.neighbours.len(),
@@ -351,49 +364,22 @@ impl Datapath {
         Ok(changes)
     }
 
-    /// Writes a plan in batches; an entry the kernel refuses is logged and the rest written.
+    /// Writes a plan as one pipelined batch; an entry the kernel refuses is logged and the
+    /// rest written. The plan comes from what was just read, so nothing is read again first.
     async fn apply(&self, plan: &Plan) {
-        let c = &self.conn;
-        if !plan.remove.routes.is_empty() && c.delete_routes(&plan.remove.routes).await.is_err() {
-            for r in &plan.remove.routes {
-                if let Err(e) = c.delete_route(r).await {
-                    warn!("removing route to {}: {e}", r.dst);
-                }
-            }
-        }
-        for n in &plan.remove.neighbours {
-            if let Err(e) = c.delete_neighbour(n.device, n.ip).await {
-                warn!("removing neighbour {}: {e}", n.ip);
-            }
-        }
-        for f in &plan.remove.fdb {
-            if let Err(e) = c.delete_fdb(f).await {
-                warn!("removing FDB entry {}: {e}", format_mac(&f.mac));
-            }
-        }
-        // Per node: its neighbour, its FDB entry, then the route that uses them.
-        if !plan.put.neighbours.is_empty()
-            && c.replace_neighbours(&plan.put.neighbours).await.is_err()
-        {
-            for n in &plan.put.neighbours {
-                if let Err(e) = c.replace_neighbour(n).await {
-                    warn!("writing neighbour {}: {e}", n.ip);
-                }
-            }
-        }
-        if !plan.put.fdb.is_empty() && c.add_fdbs(&plan.put.fdb).await.is_err() {
-            for f in &plan.put.fdb {
-                if let Err(e) = c.add_fdb(f).await {
-                    warn!("writing FDB entry {}: {e}", format_mac(&f.mac));
-                }
-            }
-        }
-        if !plan.put.routes.is_empty() && c.replace_routes(&plan.put.routes).await.is_err() {
-            for r in &plan.put.routes {
-                if let Err(e) = c.replace_route(r).await {
-                    warn!("writing route to {}: {e}", r.dst);
-                }
-            }
+        let (put, remove) = (&plan.put, &plan.remove);
+        // Removals first (a wrong FDB entry goes before the right one is written); then, as
+        // the kernel takes them in order, the neighbours and FDB entries before the routes
+        // that use them.
+        let writes: Vec<Write> = (remove.routes.iter().map(Write::DeleteRoute))
+            .chain(remove.neighbours.iter().map(Write::DeleteNeighbour))
+            .chain(remove.fdb.iter().map(Write::DeleteFdb))
+            .chain(put.neighbours.iter().map(Write::SetNeighbour))
+            .chain(put.fdb.iter().map(Write::SetFdb))
+            .chain(put.routes.iter().map(Write::SetRoute))
+            .collect();
+        for e in self.conn.write(&writes).await {
+            warn!("{e}");
         }
     }
 
