@@ -305,20 +305,15 @@ async fn follow<R: Registry>(
             tokio::spawn(async move { reg.watch(revision, tx).await })
         };
         while let Some(change) = rx.recv().await {
-            let outcome = match change {
-                Change::Put(e) => view.put(&e.key, &e.value),
-                Change::Delete(k) => view.delete(&k),
-                Change::Snapshot(l) => {
-                    for b in &l.bad {
-                        warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
-                    }
-                    view.resync(
-                        l.entries
-                            .iter()
-                            .map(|e| (e.key.as_str(), e.value.as_slice())),
-                    )
-                }
-            };
+            let mut outcome = apply_change(&mut view, change, &where_);
+            // What has arrived meanwhile (a transaction's thousands of leases) goes to the
+            // backend as one batch.
+            while let Ok(change) = rx.try_recv() {
+                let more = apply_change(&mut view, change, &where_);
+                outcome.events.extend(more.events);
+                outcome.bad.extend(more.bad);
+                outcome.own_removed |= more.own_removed;
+            }
             if let Some(lost) = deliver(outcome, &where_, own, &events).await {
                 watcher.abort();
                 return lost;
@@ -336,6 +331,23 @@ async fn follow<R: Registry>(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Ok(WatchEnd::Closed) | Err(_) => {}
+        }
+    }
+}
+
+fn apply_change(view: &mut LeaseView, change: Change, where_: &str) -> Outcome {
+    match change {
+        Change::Put(e) => view.put(&e.key, &e.value),
+        Change::Delete(k) => view.delete(&k),
+        Change::Snapshot(l) => {
+            for b in &l.bad {
+                warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
+            }
+            view.resync(
+                l.entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_slice())),
+            )
         }
     }
 }

@@ -20,11 +20,15 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// How often the datapath is checked when nothing asks for it.
 pub const RESYNC: Duration = Duration::from_secs(10);
-/// How long a burst of triggers is gathered into one pass.
+/// A pass starts once its triggers have been quiet this long, so that a burst (a
+/// transaction's leases, a device's entries deleted together) becomes one pass...
+const QUIET: Duration = Duration::from_millis(5);
+/// ...or this long after the first of them, whichever comes first.
 const SETTLE: Duration = Duration::from_millis(50);
 
 /// vxlan's per-packet overhead over IPv4 and IPv6 underlays.
@@ -435,27 +439,39 @@ impl Datapath {
                 }
             }
         };
+        // Lease events that arrived during a pass, for the next.
+        let mut waiting: Vec<Vec<Event>> = Vec::new();
+        let mut ended = false;
         loop {
             // Entries written in a pass that no lease change asked for are repairs.
-            let mut leases_changed = false;
+            let mut leases_changed = !waiting.is_empty();
+            for b in waiting.drain(..) {
+                apply_batch(&mut others, b);
+            }
+            if ended {
+                return;
+            }
             // Wait for a reason to look.
-            tokio::select! {
-                b = events.recv() => match b {
-                    Some(b) => {
-                        apply_batch(&mut others, b);
-                        leases_changed = true;
+            if !leases_changed {
+                tokio::select! {
+                    b = events.recv() => match b {
+                        Some(b) => {
+                            apply_batch(&mut others, b);
+                            leases_changed = true;
+                        }
+                        None => return,
+                    },
+                    n = next_note(&mut notes) => {
+                        if !n.is_some_and(|n| self.concerns(&n)) {
+                            continue;
+                        }
                     }
-                    None => return,
-                },
-                n = next_note(&mut notes) => {
-                    if !n.is_some_and(|n| self.concerns(&n)) {
-                        continue;
-                    }
+                    _ = timer.tick() => {}
                 }
-                _ = timer.tick() => {}
             }
             // Gather what else arrives meanwhile into the same pass.
-            let settle = tokio::time::sleep(SETTLE);
+            let deadline = Instant::now() + SETTLE;
+            let settle = tokio::time::sleep(QUIET.min(SETTLE));
             tokio::pin!(settle);
             loop {
                 tokio::select! {
@@ -469,10 +485,27 @@ impl Datapath {
                     _ = next_note(&mut notes) => {}
                     _ = &mut settle => break,
                 }
+                settle
+                    .as_mut()
+                    .reset((Instant::now() + QUIET).min(deadline));
             }
-            let leases: Vec<Lease> = others.values().cloned().collect();
             let started = std::time::Instant::now();
-            let result = self.reconcile(&leases).await;
+            // Lease events keep being taken during the pass, so that the follower (and the
+            // registry's response it reads from) is never held up by it.
+            let leases: Vec<Lease> = others.values().cloned().collect();
+            let result = {
+                let pass = self.reconcile(&leases);
+                tokio::pin!(pass);
+                loop {
+                    tokio::select! {
+                        r = &mut pass => break r,
+                        b = events.recv(), if !ended => match b {
+                            Some(b) => waiting.push(b),
+                            None => ended = true,
+                        },
+                    }
+                }
+            };
             metrics::inc(&METRICS.reconcile_runs);
             metrics::add(
                 &METRICS.reconcile_micros,
