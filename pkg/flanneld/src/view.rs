@@ -3,12 +3,15 @@
 
 use crate::lease::{Lease, SubnetKey};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+/// The leases are shared between this view and the backends, not copied: at thousands of
+/// nodes each copy would cost megabytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A node's lease appeared, or its attributes changed.
-    Added(Lease),
-    Removed(Lease),
+    Added(Arc<Lease>),
+    Removed(Arc<Lease>),
 }
 
 /// A raw entry of the registry that is not a lease, with the reason.
@@ -30,7 +33,7 @@ pub struct Outcome {
 #[derive(Debug, Clone, Default)]
 pub struct LeaseView {
     own: Option<SubnetKey>,
-    known: BTreeMap<SubnetKey, Lease>,
+    known: BTreeMap<SubnetKey, Arc<Lease>>,
 }
 
 impl LeaseView {
@@ -43,7 +46,7 @@ impl LeaseView {
 
     /// The other nodes' leases as known now.
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
-        self.known.values()
+        self.known.values().map(|l| &**l)
     }
 
     pub fn len(&self) -> usize {
@@ -60,7 +63,8 @@ impl LeaseView {
         match Lease::decode(key, value) {
             Ok(lease) if Some(lease.key) == self.own => {}
             Ok(lease) => {
-                if self.known.get(&lease.key) != Some(&lease) {
+                if self.known.get(&lease.key).is_none_or(|k| **k != lease) {
+                    let lease = Arc::new(lease);
                     self.known.insert(lease.key, lease.clone());
                     out.events.push(Event::Added(lease));
                 }
@@ -106,7 +110,7 @@ impl LeaseView {
             match Lease::decode(key, value) {
                 Ok(lease) if Some(lease.key) == self.own => own_seen = true,
                 Ok(lease) => {
-                    listed.insert(lease.key, lease);
+                    listed.insert(lease.key, Arc::new(lease));
                 }
                 Err(reason) => out.bad.push(BadEntry {
                     key: key.to_string(),
@@ -119,9 +123,11 @@ impl LeaseView {
                 out.events.push(Event::Removed(old.clone()));
             }
         }
-        for (k, lease) in &listed {
-            if self.known.get(k) != Some(lease) {
-                out.events.push(Event::Added(lease.clone()));
+        for (k, lease) in &mut listed {
+            match self.known.get(k) {
+                // Unchanged: the copy already shared stays.
+                Some(old) if old == lease => *lease = old.clone(),
+                _ => out.events.push(Event::Added(lease.clone())),
             }
         }
         self.known = listed;

@@ -18,6 +18,7 @@ use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -324,7 +325,10 @@ impl Datapath {
     }
 
     /// One pass: the devices, then every entry the leases call for; returns what changed.
-    pub async fn reconcile(&mut self, others: &[Lease]) -> Result<Changes, String> {
+    pub async fn reconcile<'a>(
+        &mut self,
+        others: impl IntoIterator<Item = &'a Lease>,
+    ) -> Result<Changes, String> {
         let started = std::time::Instant::now();
         let mut changes = Changes {
             device: self.ensure_devices().await?,
@@ -413,7 +417,7 @@ impl Datapath {
     /// Follows the lease events until they end, reconciling on each batch, on each relevant
     /// netlink notification and every `RESYNC`.
     pub async fn run(mut self, mut events: mpsc::Receiver<Vec<Event>>) {
-        let mut others: BTreeMap<SubnetKey, Lease> = BTreeMap::new();
+        let mut others: BTreeMap<SubnetKey, Arc<Lease>> = BTreeMap::new();
         let mut notes = if self.local.mode == Mode::Alloc {
             None
         } else {
@@ -427,7 +431,7 @@ impl Datapath {
         };
         let mut timer = tokio::time::interval(RESYNC);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let apply_batch = |others: &mut BTreeMap<SubnetKey, Lease>, batch: Vec<Event>| {
+        let apply_batch = |others: &mut BTreeMap<SubnetKey, Arc<Lease>>, batch: Vec<Event>| {
             for e in batch {
                 match e {
                     Event::Added(l) => {
@@ -492,9 +496,8 @@ impl Datapath {
             let started = std::time::Instant::now();
             // Lease events keep being taken during the pass, so that the follower (and the
             // registry's response it reads from) is never held up by it.
-            let leases: Vec<Lease> = others.values().cloned().collect();
             let result = {
-                let pass = self.reconcile(&leases);
+                let pass = self.reconcile(others.values().map(|l| &**l));
                 tokio::pin!(pass);
                 loop {
                     tokio::select! {
@@ -519,7 +522,7 @@ impl Datapath {
             match result {
                 Ok(c) if c.any() => info!(
                     "datapath: {} leases; wrote {} routes, {} neighbours, {} FDB entries; removed {} routes, {} neighbours, {} FDB entries{}",
-                    leases.len(),
+                    others.len(),
                     c.put.0,
                     c.put.1,
                     c.put.2,

@@ -70,7 +70,7 @@ type Family<'a> = (
 );
 
 /// The entries the other nodes' leases call for.
-pub fn desired(local: &Local, others: &[Lease]) -> Desired {
+pub fn desired<'a>(local: &Local, others: impl IntoIterator<Item = &'a Lease>) -> Desired {
     let mut d = Desired::default();
     let e = &mut d.entries;
     let vx = match &local.mode {
@@ -78,7 +78,7 @@ pub fn desired(local: &Local, others: &[Lease]) -> Desired {
         Mode::Vxlan(p) => Some(p),
         Mode::HostGw => None,
     };
-    for lease in others.iter().filter(|l| l.key != local.own) {
+    for lease in others.into_iter().filter(|l| l.key != local.own) {
         if lease.attrs.backend_type != local.backend_type {
             d.skipped.push((
                 lease.key,
