@@ -2,7 +2,7 @@
 //! through the layer and through iproute2 (what an operator would look at).
 
 use cni_kernel::netlink::{
-    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Route, Vxlan, VxlanSpec,
+    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Route, Vxlan, VxlanSpec, Write,
 };
 use cni_kernel::{Kind, Netns};
 use futures::StreamExt;
@@ -512,4 +512,77 @@ fn five_thousand_neighbours_fdb_entries_and_routes_are_programmed_and_listed() {
         .unwrap()
         .iter()
         .all(|r| r.oif != Some(dev) || !r.onlink));
+}
+
+#[test]
+fn a_batch_of_writes_is_made_and_names_only_what_the_kernel_refuses() {
+    const N: u32 = 300;
+    let ns = TestNs::new("kwb");
+    let (handle, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let mut routes = Vec::new();
+    let mut neighbours = Vec::new();
+    let mut fdb = Vec::new();
+    for i in 0..N {
+        let gw = IpAddr::from([10, 6, (i / 256) as u8, (i % 256) as u8]);
+        let mac = [0x0e, 0, 0, 0, (i / 256) as u8, (i % 256) as u8];
+        let dst = ipnetwork::IpNetwork::new(gw, 32).unwrap();
+        routes.push(Route::new(dst, Some(gw), Some(dev)).onlink());
+        neighbours.push(Neighbour::permanent(dev, gw, mac));
+        fdb.push(FdbEntry::permanent(
+            dev,
+            mac,
+            IpAddr::from([192, 168, 50, 100]),
+        ));
+    }
+    // A route through a link that does not exist, and a neighbour that is not there to delete.
+    let refused = Route::new(
+        "10.9.9.0/24".parse().unwrap(),
+        Some("10.9.9.1".parse().unwrap()),
+        Some(9999),
+    )
+    .onlink();
+    let absent = Neighbour::permanent(dev, "10.7.0.1".parse().unwrap(), [0x0e, 7, 0, 0, 0, 1]);
+    let mut writes: Vec<Write> = vec![Write::DeleteNeighbour(&absent)];
+    writes.extend(neighbours.iter().map(Write::SetNeighbour));
+    writes.extend(fdb.iter().map(Write::SetFdb));
+    writes.extend(routes.iter().map(Write::SetRoute));
+    writes.push(Write::SetRoute(&refused));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(async { Conn::open_in(&handle) }).unwrap();
+    let failed = rt.block_on(conn.write(&writes));
+    assert_eq!(
+        failed.len(),
+        1,
+        "only the route through no link: {failed:?}"
+    );
+    assert!(
+        failed[0].to_string().contains("10.9.9.0/24"),
+        "{}",
+        failed[0]
+    );
+    let count = |args: &[&str]| {
+        ns.run(args[0], &args[1..])
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+    };
+    let all = |n: usize| {
+        assert_eq!(count(&["ip", "route", "show", "dev", "flannel.1"]), n);
+        assert_eq!(count(&["ip", "neigh", "show", "dev", "flannel.1"]), n);
+        assert_eq!(count(&["bridge", "fdb", "show", "dev", "flannel.1"]), n);
+    };
+    all(N as usize);
+    // Written again: nothing to refuse; then all deleted, twice.
+    let writes: Vec<Write> = writes[1..writes.len() - 1].to_vec();
+    assert!(rt.block_on(conn.write(&writes)).is_empty());
+    let mut deletes: Vec<Write> = routes.iter().map(Write::DeleteRoute).collect();
+    deletes.extend(neighbours.iter().map(Write::DeleteNeighbour));
+    deletes.extend(fdb.iter().map(Write::DeleteFdb));
+    assert!(rt.block_on(conn.write(&deletes)).is_empty());
+    all(0);
+    assert!(rt.block_on(conn.write(&deletes)).is_empty(), "already gone");
 }

@@ -909,64 +909,47 @@ impl Conn {
         }
     }
 
-    /// One datagram of writes; the kernel answers each in order.
+    /// One datagram of writes. The kernel answers only those it refuses, and those answers
+    /// do not say which write they are for; so a batch with any refusal is tried again one
+    /// write at a time (each write is idempotent, and a deletion done the first time finds
+    /// nothing the second), which names each failure.
     async fn write_batch(&self, batch: &[Write<'_>]) -> Vec<Error> {
-        let set = NLM_F_CREATE | NLM_F_REPLACE;
         let messages = batch.iter().map(|w| {
-            let (msg, flags) = match *w {
-                Write::SetRoute(r) => (
-                    RouteNetlinkMessage::NewRoute(parse::route_message(r, RouteProtocol::Boot)),
-                    set,
-                ),
-                Write::DeleteRoute(r) => (route_deletion(r), 0),
-                Write::SetNeighbour(n) => (
-                    RouteNetlinkMessage::NewNeighbour(parse::neighbour_message(n)),
-                    set,
-                ),
-                Write::DeleteNeighbour(n) => (neighbour_deletion(n.device, n.ip), 0),
-                Write::SetFdb(e) => (
-                    RouteNetlinkMessage::NewNeighbour(parse::fdb_message(e)),
-                    set,
-                ),
-                Write::DeleteFdb(e) => {
-                    (RouteNetlinkMessage::DelNeighbour(parse::fdb_message(e)), 0)
-                }
-            };
+            let (msg, flags) = w.message();
             let mut req = NetlinkMessage::from(msg);
             req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
             req
         });
-        let closed = || {
-            batch
+        let Ok(mut answers) = self.handle.request_batch(messages, SocketAddr::new(0, 0)) else {
+            return batch
                 .iter()
                 .map(|w| Fail::Closed.into_error(w.op(), w.object()))
-                .collect()
+                .collect();
         };
-        let Ok(mut answers) = self.handle.request_batch(messages, SocketAddr::new(0, 0)) else {
-            return closed();
-        };
-        let mut failed = Vec::new();
-        let mut answered = 0;
+        let mut refused = false;
         while let Some(m) = answers.next().await {
-            let NetlinkPayload::Error(e) = m.payload else {
-                continue;
-            };
-            let Some(w) = batch.get(answered) else { break };
-            answered += 1;
-            let Some(code) = e.code else { continue };
-            let errno = Errno::from_raw(-code.get());
-            if !w.quiet(errno) {
-                failed.push(Fail::Errno(errno).into_error(w.op(), w.object()));
+            if let NetlinkPayload::Error(e) = m.payload {
+                refused |= e.code.is_some();
             }
         }
-        if answered < batch.len() {
-            failed.extend(
-                batch[answered..]
-                    .iter()
-                    .map(|w| Fail::Closed.into_error(w.op(), w.object())),
-            );
+        let mut failed = Vec::new();
+        if refused {
+            for w in batch {
+                if let Err(e) = self.write_one(*w).await {
+                    failed.push(e);
+                }
+            }
         }
         failed
+    }
+
+    async fn write_one(&self, w: Write<'_>) -> Result<()> {
+        let (msg, flags) = w.message();
+        match self.ack(msg, flags).await {
+            Ok(()) => Ok(()),
+            Err(Fail::Errno(e)) if w.quiet(e) => Ok(()),
+            Err(f) => Err(f.into_error(w.op(), w.object())),
+        }
     }
 }
 
@@ -986,6 +969,28 @@ pub enum Write<'a> {
 }
 
 impl Write<'_> {
+    /// The request and its flags beyond REQUEST and ACK.
+    fn message(&self) -> (RouteNetlinkMessage, u16) {
+        let set = NLM_F_CREATE | NLM_F_REPLACE;
+        match *self {
+            Write::SetRoute(r) => (
+                RouteNetlinkMessage::NewRoute(parse::route_message(r, RouteProtocol::Boot)),
+                set,
+            ),
+            Write::DeleteRoute(r) => (route_deletion(r), 0),
+            Write::SetNeighbour(n) => (
+                RouteNetlinkMessage::NewNeighbour(parse::neighbour_message(n)),
+                set,
+            ),
+            Write::DeleteNeighbour(n) => (neighbour_deletion(n.device, n.ip), 0),
+            Write::SetFdb(e) => (
+                RouteNetlinkMessage::NewNeighbour(parse::fdb_message(e)),
+                set,
+            ),
+            Write::DeleteFdb(e) => (RouteNetlinkMessage::DelNeighbour(parse::fdb_message(e)), 0),
+        }
+    }
+
     fn op(&self) -> &'static str {
         match self {
             Write::SetRoute(_) => "replacing route",
