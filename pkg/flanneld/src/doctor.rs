@@ -80,11 +80,11 @@ fn classify<T, K: Eq + Hash>(
     kind: &str,
     want: &[T],
     have: &[T],
-    (put, removed): (&[T], &[T]),
+    (put, removed): (&[&T], &[&T]),
     key: impl Fn(&T) -> K,
     show: impl Fn(&T) -> String,
 ) -> Vec<Finding> {
-    let bad: HashSet<K> = put.iter().map(&key).collect();
+    let bad: HashSet<K> = put.iter().map(|t| key(t)).collect();
     let wanted: HashSet<K> = want.iter().map(&key).collect();
     let held: HashSet<K> = have.iter().map(&key).collect();
     let mut out: Vec<Finding> = want

@@ -346,7 +346,6 @@ impl Datapath {
         let have = self.actual().await?;
         let read = started.elapsed();
         let plan = diff(&want.entries, &have);
-        drop((want, have));
         let diffed = started.elapsed();
         if plan.is_empty() {
             return Ok(changes);
@@ -374,17 +373,23 @@ impl Datapath {
 
     /// Writes a plan as one pipelined batch; an entry the kernel refuses is logged and the
     /// rest written. The plan comes from what was just read, so nothing is read again first.
-    async fn apply(&self, plan: &Plan) {
+    async fn apply(&self, plan: &Plan<'_>) {
         let (put, remove) = (&plan.put, &plan.remove);
         // Removals first (a wrong FDB entry goes before the right one is written); then, as
         // the kernel takes them in order, the neighbours and FDB entries before the routes
         // that use them.
-        let writes: Vec<Write> = (remove.routes.iter().map(Write::DeleteRoute))
-            .chain(remove.neighbours.iter().map(Write::DeleteNeighbour))
-            .chain(remove.fdb.iter().map(Write::DeleteFdb))
-            .chain(put.neighbours.iter().map(Write::SetNeighbour))
-            .chain(put.fdb.iter().map(Write::SetFdb))
-            .chain(put.routes.iter().map(Write::SetRoute))
+        let writes: Vec<Write> = (remove.routes.iter().copied().map(Write::DeleteRoute))
+            .chain(
+                remove
+                    .neighbours
+                    .iter()
+                    .copied()
+                    .map(Write::DeleteNeighbour),
+            )
+            .chain(remove.fdb.iter().copied().map(Write::DeleteFdb))
+            .chain(put.neighbours.iter().copied().map(Write::SetNeighbour))
+            .chain(put.fdb.iter().copied().map(Write::SetFdb))
+            .chain(put.routes.iter().copied().map(Write::SetRoute))
             .collect();
         for e in self.conn.write(&writes).await {
             warn!("{e}");

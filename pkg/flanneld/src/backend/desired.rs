@@ -164,21 +164,37 @@ pub fn owns_route(local: &Local, r: &Route) -> bool {
     inside && ours
 }
 
-/// What to write and what to remove so that `have` becomes `want`.
+/// Entries of a desired or an actual table, by reference: at thousands of nodes a copy of
+/// each entry to write would cost as much as the table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub put: Entries,
-    pub remove: Entries,
+pub struct EntryRefs<'a> {
+    pub routes: Vec<&'a Route>,
+    pub neighbours: Vec<&'a Neighbour>,
+    pub fdb: Vec<&'a FdbEntry>,
 }
 
-impl Plan {
+impl EntryRefs<'_> {
     pub fn is_empty(&self) -> bool {
-        self.put == Entries::default() && self.remove == Entries::default()
+        self.routes.is_empty() && self.neighbours.is_empty() && self.fdb.is_empty()
+    }
+}
+
+/// What to write (from `want`) and what to remove (from `have`) so that `have` becomes
+/// `want`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan<'a> {
+    pub put: EntryRefs<'a>,
+    pub remove: EntryRefs<'a>,
+}
+
+impl Plan<'_> {
+    pub fn is_empty(&self) -> bool {
+        self.put.is_empty() && self.remove.is_empty()
     }
 }
 
 /// The difference; entries already right are in neither list.
-pub fn diff(want: &Entries, have: &Entries) -> Plan {
+pub fn diff<'a>(want: &'a Entries, have: &'a Entries) -> Plan<'a> {
     let mut plan = Plan::default();
     let have_routes: HashSet<&Route> = have.routes.iter().collect();
     let want_dsts: HashSet<(IpNetwork, u32)> =
@@ -188,7 +204,6 @@ pub fn diff(want: &Entries, have: &Entries) -> Plan {
         .routes
         .iter()
         .filter(|r| !have_routes.contains(r))
-        .cloned()
         .collect();
     // A wrong route to a wanted destination is replaced in place, not removed.
     let replaced: HashSet<(IpNetwork, u32)> =
@@ -198,7 +213,6 @@ pub fn diff(want: &Entries, have: &Entries) -> Plan {
         .iter()
         .filter(|r| !want_routes.contains(r))
         .filter(|r| !want_dsts.contains(&(r.dst, r.table)) || !replaced.contains(&(r.dst, r.table)))
-        .cloned()
         .collect();
 
     let have_n: BTreeMap<(u32, IpAddr), &Neighbour> = have
@@ -214,12 +228,12 @@ pub fn diff(want: &Entries, have: &Entries) -> Plan {
     plan.put.neighbours = want_n
         .iter()
         .filter(|(k, n)| have_n.get(k).is_none_or(|h| h.mac != n.mac || !h.permanent))
-        .map(|(_, n)| (*n).clone())
+        .map(|(_, n)| *n)
         .collect();
     plan.remove.neighbours = have_n
         .iter()
         .filter(|(k, _)| !want_n.contains_key(k))
-        .map(|(_, n)| (*n).clone())
+        .map(|(_, n)| *n)
         .collect();
 
     let have_f: BTreeMap<(u32, [u8; 6]), &FdbEntry> =
@@ -231,17 +245,17 @@ pub fn diff(want: &Entries, have: &Entries) -> Plan {
             Some(h) if h.dst == f.dst => {}
             Some(h) => {
                 // An entry towards the wrong node goes before the right one is written.
-                plan.remove.fdb.push((*h).clone());
-                plan.put.fdb.push((*f).clone());
+                plan.remove.fdb.push(*h);
+                plan.put.fdb.push(*f);
             }
-            None => plan.put.fdb.push((*f).clone()),
+            None => plan.put.fdb.push(*f),
         }
     }
     plan.remove.fdb.extend(
         have_f
             .iter()
             .filter(|(k, _)| !want_f.contains_key(k))
-            .map(|(_, f)| (*f).clone()),
+            .map(|(_, f)| *f),
     );
     plan
 }
@@ -484,12 +498,12 @@ mod tests {
         // Node 2's route was changed by hand.
         have.routes[0].onlink = false;
         let plan = diff(&want, &have);
-        assert_eq!(plan.put.routes, vec![want.routes[0].clone()]);
+        assert_eq!(plan.put.routes, vec![&want.routes[0]]);
         assert_eq!(plan.remove.routes.len(), 1);
         assert_eq!(plan.remove.routes[0].dst.to_string(), "10.5.9.0/24");
-        assert_eq!(plan.put.neighbours, vec![want.neighbours[1].clone()]);
+        assert_eq!(plan.put.neighbours, vec![&want.neighbours[1]]);
         assert_eq!(plan.remove.neighbours.len(), 1);
-        assert_eq!(plan.put.fdb, vec![want.fdb[1].clone()]);
+        assert_eq!(plan.put.fdb, vec![&want.fdb[1]]);
         assert_eq!(plan.remove.fdb[0].mac, [1, 2, 3, 4, 5, 6]);
         // An FDB entry towards the wrong node is removed and written again.
         let mut have = want.clone();
