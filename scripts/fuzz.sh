@@ -4,7 +4,8 @@
 # seeds in fuzz/seeds/<target>), either for that many seconds (default 60) or until it has made
 # N executions, then prints how many executions each made and how long that took. A crash,
 # panic, abort or hang (an input running over 10 s) fails the run; libFuzzer saves the input in
-# fuzz/artifacts/<target>/ (turn it into a unit test of the parser).
+# fuzz/artifacts/<target>/ (turn it into a unit test of the parser). libFuzzer's own output of
+# the last run of each target stays in fuzz/logs/<target>.log.
 #
 # The targets are built without a sanitizer by default (FUZZ_SANITIZER=none): the parsers are
 # safe Rust, where a panic, an abort or a hang is what there is to find, and AddressSanitizer
@@ -38,8 +39,8 @@ cargo +nightly fuzz build -s "$sanitizer"
 status=0
 summary=""
 for t in "${targets[@]}"; do
-    mkdir -p "corpus/$t" "seeds/$t"
-    log=$(mktemp)
+    mkdir -p "corpus/$t" "seeds/$t" logs
+    log="logs/$t.log"
     echo "== $t (${limit[*]})"
     # host_local_files writes every file of its input to disk on each execution, so its cost
     # grows with the input's length: 1 KiB holds a dozen reservation files and an index.
@@ -54,11 +55,10 @@ for t in "${targets[@]}"; do
         summary+=$(printf '%-20s FAILED (see fuzz/artifacts/%s)' "$t" "$t")$'\n'
     else
         took=$(($(date +%s) - start))
-        execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
-        rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+        execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" || true)
+        rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" || true)
         summary+=$(printf '%-20s %12s executions in %6s s (%s/s)' "$t" "$execs" "$took" "$rate")$'\n'
     fi
-    rm -f "$log"
 done
 printf '\n%s' "$summary"
 exit "$status"
