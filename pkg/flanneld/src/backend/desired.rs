@@ -78,7 +78,16 @@ pub fn desired<'a>(local: &Local, others: impl IntoIterator<Item = &'a Lease>) -
         Mode::Vxlan(p) => Some(p),
         Mode::HostGw => None,
     };
-    for lease in others.into_iter().filter(|l| l.key != local.own) {
+    let others = others.into_iter();
+    // One of each per lease in the usual single-stack case: sized once rather than grown by
+    // doubling, which at thousands of leases would hold up to twice the room.
+    let n = others.size_hint().0;
+    e.routes.reserve_exact(n);
+    if vx.is_some() {
+        e.neighbours.reserve_exact(n);
+        e.fdb.reserve_exact(n);
+    }
+    for lease in others.filter(|l| l.key != local.own) {
         if lease.attrs.backend_type != local.backend_type {
             d.skipped.push((
                 lease.key,
