@@ -9,21 +9,9 @@ use std::time::{Duration, Instant};
 use testkit::TestNs;
 
 pub const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
-pub const PREFIX: &str = "/coreos.com/network";
-
-/// Polls `f` until it returns Some, or panics after `timeout` saying what it waited for.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            panic!("gave up after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// The cluster harness's helpers, under the names these tests use.
+#[allow(unused_imports)] // not every test binary uses each
+pub use testkit::cluster::{subnet_key as key_of, wait_for, ETCD_PREFIX as PREFIX};
 
 /// A namespace standing for one machine: `lo`, and `eth0` at 192.168.100.1/24 with a default
 /// route, so that the daemon finds an external interface as on a real node.
@@ -461,15 +449,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The subnet key (`10.5.3.0-24`) of a FLANNEL_SUBNET value (`10.5.3.1/24`).
-pub fn key_of(subnet: &str) -> String {
-    let (ip, len) = subnet.split_once('/').expect("addr/len");
-    let ip: std::net::Ipv4Addr = ip.parse().expect("an IPv4 address");
-    let len: u32 = len.parse().expect("a prefix length");
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    format!("{}-{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask))
 }
 
 /// A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl.
