@@ -17,7 +17,9 @@ usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--daemon [--daemon-bin
                           flanneld.service    into --systemd-dir (default /etc/systemd/system),
                                               its ExecStart= and EnvironmentFile= pointing there
                           flanneld.env        as --env-file (default /etc/default/flanneld),
-                                              only if that file does not exist yet
+                                              only if that file does not exist yet; either
+                                              way it is made root's, mode 0600 (it may
+                                              hold FLANNELD_ETCD_PASSWORD)
                         then: systemctl daemon-reload && systemctl enable --now flanneld
   --no-build            install what target/release already holds
 USAGE
@@ -86,6 +88,23 @@ place() {
     echo "installed $dir/$name"
 }
 
+# Makes $1 readable and writable by root only; says so when it was not (the secrets it held
+# were readable by whoever could read it until now).
+restrict_to_root() {
+    local file=$1 was
+    was=$(stat -L -c '%a %u:%g' "$file")
+    chmod 0600 "$file"
+    if [ "$(id -u)" != 0 ]; then
+        echo "not root: $file is mode 0600 but stays owned by $(id -un); make it root's" >&2
+        return
+    fi
+    chown 0:0 "$file"
+    if [ "$was" != "600 0:0" ]; then
+        echo "restricted $file to root, mode 0600 (it was mode ${was% *}, owner ${was#* }):" \
+            "change any password it held if others could read it" >&2
+    fi
+}
+
 # All or nothing: a missing file stops the install before anything is replaced.
 wanted=("${plugins[@]}")
 [ "$daemon" = 1 ] && wanted+=("${daemons[@]}")
@@ -116,12 +135,15 @@ if [ "$daemon" = 1 ]; then
         -e "s|^EnvironmentFile=/etc/default/flanneld|EnvironmentFile=$env_file|" \
         "$unit_src" >"$unit"
     place "$unit" "$systemd_dir" flanneld.service 0644
-    # The environment file is the operator's configuration: never replaced.
+    # The environment file is the operator's configuration (it may hold FLANNELD_ETCD_PASSWORD):
+    # its content is never replaced, but it is made root's and 0600 whatever it was, so that
+    # an upgrade also closes a file an earlier install left readable by every user.
     if [ -e "$env_file" ]; then
         echo "kept $env_file"
     else
-        place "$env_src" "$(dirname "$env_file")" "$(basename "$env_file")" 0644
+        place "$env_src" "$(dirname "$env_file")" "$(basename "$env_file")" 0600
     fi
+    restrict_to_root "$env_file"
 fi
 
 if [ "$with_conf" = 1 ]; then

@@ -1,7 +1,8 @@
 //! scripts/install.sh --daemon on a fresh tree: flanneld goes into its own bin directory (never
 //! the CNI one), the systemd unit into the systemd directory pointing at the binary and the
-//! environment file actually installed, every file renamed into place; an operator's existing
-//! environment file is kept; systemd-analyze accepts the installed unit.
+//! environment file actually installed, every file renamed into place; the environment file
+//! (it may hold FLANNELD_ETCD_PASSWORD) is root's with mode 0600, and an operator's existing one
+//! keeps its content and is made so too; systemd-analyze accepts the installed unit.
 
 use e2e::install::{fresh_tree, run_install, succeeded, DAEMON};
 use e2e::plugins::{repo_root, PLUGINS};
@@ -30,21 +31,22 @@ impl Dirs {
         }
     }
 
+    fn install_args(&self) -> [&str; 9] {
+        [
+            "--daemon",
+            "--bin-dir",
+            s(&self.cni_bin),
+            "--daemon-bin-dir",
+            s(&self.daemon_bin),
+            "--systemd-dir",
+            s(&self.systemd),
+            "--env-file",
+            s(&self.env_file),
+        ]
+    }
+
     fn install(&self, tree: &Path) -> String {
-        succeeded(&run_install(
-            tree,
-            &[
-                "--daemon",
-                "--bin-dir",
-                s(&self.cni_bin),
-                "--daemon-bin-dir",
-                s(&self.daemon_bin),
-                "--systemd-dir",
-                s(&self.systemd),
-                "--env-file",
-                s(&self.env_file),
-            ],
-        ))
+        succeeded(&run_install(tree, &self.install_args()))
     }
 
     fn unit(&self) -> PathBuf {
@@ -72,6 +74,12 @@ fn mode(path: &Path) -> u32 {
         .permissions()
         .mode()
         & 0o777
+}
+
+/// (uid, gid, permission bits) of `path`.
+fn owner_and_mode(path: &Path) -> (u32, u32, u32) {
+    let meta = fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (meta.uid(), meta.gid(), meta.mode() & 0o7777)
 }
 
 /// The values of `key=` lines of a unit file, in order.
@@ -137,7 +145,11 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
     );
     assert_eq!(mode(&daemon), 0o755, "flanneld's mode");
     assert_eq!(mode(&dirs.unit()), 0o644, "the unit's mode");
-    assert_eq!(mode(&dirs.env_file), 0o644, "the environment file's mode");
+    assert_eq!(
+        owner_and_mode(&dirs.env_file),
+        (0, 0, 0o600),
+        "the environment file (it may hold FLANNELD_ETCD_PASSWORD) is root's alone"
+    );
     assert_eq!(
         fs::read_to_string(&dirs.env_file).unwrap(),
         fs::read_to_string(repo_root().join("deploy/systemd/flanneld.env")).unwrap()
@@ -216,13 +228,17 @@ fn systemd_analyze_verify_accepts_the_installed_unit() {
 }
 
 #[test]
-fn keeps_the_operators_environment_file() {
+fn keeps_the_operators_environment_file_and_makes_it_roots_alone() {
     let (tree, _root, dirs) = node();
     fs::create_dir_all(dirs.env_file.parent().unwrap()).unwrap();
-    let mine = "FLANNELD_ETCD_ENDPOINTS=https://10.0.0.1:2379\n";
+    // As an earlier install.sh left it (0644), edited by the operator and handed to another user.
+    let mine = "FLANNELD_ETCD_ENDPOINTS=https://10.0.0.1:2379\nFLANNELD_ETCD_PASSWORD=s3cret\n";
     fs::write(&dirs.env_file, mine).unwrap();
+    fs::set_permissions(&dirs.env_file, fs::Permissions::from_mode(0o664)).unwrap();
+    std::os::unix::fs::chown(&dirs.env_file, Some(1000), Some(1000)).unwrap();
 
-    let stdout = dirs.install(tree.path());
+    let out = run_install(tree.path(), &dirs.install_args());
+    let stdout = succeeded(&out);
 
     assert!(
         stdout
@@ -230,6 +246,25 @@ fn keeps_the_operators_environment_file() {
             .any(|l| l == format!("kept {}", s(&dirs.env_file))),
         "install.sh should say it kept the file: {stdout}"
     );
+    assert_eq!(fs::read_to_string(&dirs.env_file).unwrap(), mine);
+    assert_eq!(
+        owner_and_mode(&dirs.env_file),
+        (0, 0, 0o600),
+        "an existing environment file is made root's alone"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "restricted {} to root, mode 0600 (it was mode 664, owner 1000:1000)",
+            s(&dirs.env_file)
+        )),
+        "install.sh should say what it changed: {stderr}"
+    );
+
+    // A second install finds it right and says nothing about it.
+    let out = run_install(tree.path(), &dirs.install_args());
+    succeeded(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
     assert_eq!(fs::read_to_string(&dirs.env_file).unwrap(), mine);
 }
 
