@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod conflist;
+pub mod kube_api;
 
 use serde_json::Value;
 use std::fs::File;
