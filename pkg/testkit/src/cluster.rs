@@ -1,14 +1,18 @@
 //! Several nodes on one machine: an "underlay" namespace holding a bridge, and per node a
-//! namespace whose `eth0` is a veth onto that bridge (192.168.<net>.<n>/24, default route via
-//! the underlay's 192.168.<net>.254, IP forwarding on). Optionally a real etcd runs in the
-//! underlay on the bridge's address, a remote server for every node. flanneld runs in a node
-//! with its own subnet.env and log; pods are made through the real plugins with the stock
-//! flannel conflist. Everything is unique-named and removed on drop: processes killed first,
-//! then namespaces deleted, then the temporary directory.
+//! namespace whose `eth0` is a veth onto that bridge (192.168.<net>.<n>/24 and/or
+//! fd00:<net>::<n>/64 as the `Underlay` asks, default routes via the underlay's .254 / ::fe,
+//! forwarding on). Optionally a real etcd runs in the underlay on the bridge's address, a remote
+//! server for every node. flanneld runs in a node with its own subnet.env and log; pods are made
+//! through the real plugins with the stock flannel conflist, with an address of each family
+//! their node's subnet.env has. The underlay's own addresses stand for the world outside the
+//! cluster network: no route leads from there back to a pod, so a pod reaches them only through
+//! its node's masquerade. Everything is unique-named and removed on drop: processes killed
+//! first, then namespaces deleted, then the temporary directory.
 
 use crate::{bin_dir, conflist, Invocation, TestNs};
 use serde_json::{Map, Value};
 use std::fs;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +23,79 @@ const UNDERLAY_HOST: u8 = 254;
 pub const ETCD_PREFIX: &str = "/coreos.com/network";
 /// Debian's etcd-server.
 pub const ETCD: &str = "/usr/bin/etcd";
+
+/// An address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The family of an address in text form (`10.5.3.2`, `fc00::2`).
+    pub fn of(ip: &str) -> Family {
+        if ip.contains(':') {
+            Family::V6
+        } else {
+            Family::V4
+        }
+    }
+
+    /// The IP header and the ICMP echo header a ping's packet carries besides its payload.
+    pub fn ping_overhead(self) -> u64 {
+        match self {
+            Family::V4 => 20 + 8,
+            Family::V6 => 40 + 8,
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
+/// `ip` as it goes into a URL or a socat address: IPv6 in brackets.
+pub fn host_port(ip: &str, port: u16) -> String {
+    match Family::of(ip) {
+        Family::V4 => format!("{ip}:{port}"),
+        Family::V6 => format!("[{ip}]:{port}"),
+    }
+}
+
+/// The families the underlay carries: on its bridge, the nodes' `eth0` and etcd's address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Underlay {
+    /// 192.168.<net>.<n>/24 only.
+    V4,
+    /// 192.168.<net>.<n>/24 and fd00:<net>::<n>/64; etcd on the IPv4 address.
+    Dual,
+    /// fd00:<net>::<n>/64 only; etcd on the IPv6 address.
+    V6,
+}
+
+impl Underlay {
+    pub fn has(self, f: Family) -> bool {
+        !matches!(
+            (self, f),
+            (Underlay::V4, Family::V6) | (Underlay::V6, Family::V4)
+        )
+    }
+
+    /// Node `host`'s (1-based; 254 the underlay's own) address of family `f` on `net`.
+    fn address(self, f: Family, net: u8, host: u8) -> Option<String> {
+        self.has(f).then(|| match f {
+            Family::V4 => format!("192.168.{net}.{host}"),
+            Family::V6 => format!("fd00:{net}::{host:x}"),
+        })
+    }
+}
 
 /// Polls `f` until it returns Some, or panics after `timeout` saying what it waited for.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -43,19 +120,29 @@ pub enum Registry {
     Etcd,
 }
 
-/// The subnet key (`10.5.3.0-24`) of an address with its prefix (`10.5.3.1/24`).
+/// The subnet key (`10.5.3.0-24`, `fc00:0:0:3::-64`) of an address with its prefix
+/// (`10.5.3.1/24`, `fc00:0:0:3::1/64`).
 pub fn subnet_key(cidr: &str) -> String {
     let (ip, len) = cidr
         .split_once('/')
         .unwrap_or_else(|| panic!("{cidr:?} is not addr/len"));
-    let ip: std::net::Ipv4Addr = ip
+    let ip: IpAddr = ip
         .parse()
         .unwrap_or_else(|e| panic!("{ip:?} in {cidr:?}: {e}"));
     let len: u32 = len
         .parse()
         .unwrap_or_else(|e| panic!("{len:?} in {cidr:?}: {e}"));
-    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-    format!("{}-{len}", std::net::Ipv4Addr::from(u32::from(ip) & mask))
+    let network = match ip {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+            IpAddr::from(std::net::Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+            IpAddr::from(std::net::Ipv6Addr::from(u128::from(a) & mask))
+        }
+    };
+    format!("{network}-{len}")
 }
 
 /// A child process killed (and reaped) on drop.
@@ -87,8 +174,11 @@ pub struct Node {
     /// 1-based; the last byte of the node's address and part of its file names.
     pub index: u8,
     pub ns: TestNs,
-    /// The address of `eth0`, the node's public IP.
+    /// The address of `eth0`, the node's public IP: the IPv4 one, or on an IPv6-only underlay
+    /// the IPv6 one.
     pub ip: String,
+    /// The IPv6 address of `eth0`, when the underlay carries IPv6.
+    pub ip6: Option<String>,
     /// The node's own files: subnet.env, flanneld's log, the plugins' data directories.
     pub dir: PathBuf,
     daemon: Option<Process>,
@@ -124,13 +214,13 @@ impl Node {
         );
     }
 
-    /// subnet.env once flanneld has written it.
+    /// subnet.env once flanneld has written it (with a subnet of either family).
     pub fn wait_subnet_env(&self, timeout: Duration) -> String {
         let file = self.subnet_file();
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Ok(t) = fs::read_to_string(&file) {
-                if t.contains("FLANNEL_SUBNET=") {
+                if t.contains("FLANNEL_SUBNET=") || t.contains("FLANNEL_IPV6_SUBNET=") {
                     return t;
                 }
             }
@@ -153,14 +243,52 @@ impl Node {
             .to_string()
     }
 
-    /// The key of this node's lease (`10.5.3.0-24`).
+    /// One variable of subnet.env (waiting for the file), or None when it has none.
+    pub fn subnet_env_opt(&self, key: &str, timeout: Duration) -> Option<String> {
+        let env = self.wait_subnet_env(timeout);
+        env.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::to_string)
+    }
+
+    /// The key of this node's lease as flannel writes it: `10.5.3.0-24`,
+    /// `10.5.3.0-24&fc00:0:0:3::-64`, or `0.0.0.0-0&fc00:0:0:3::-64` without IPv4.
     pub fn lease_key(&self, timeout: Duration) -> String {
-        subnet_key(&self.subnet_env("FLANNEL_SUBNET", timeout))
+        let v4 = self.subnet_env_opt("FLANNEL_SUBNET", timeout);
+        let v6 = self.subnet_env_opt("FLANNEL_IPV6_SUBNET", timeout);
+        let mut key = v4.map_or_else(|| "0.0.0.0-0".to_string(), |s| subnet_key(&s));
+        if let Some(s) = v6 {
+            key = format!("{key}&{}", subnet_key(&s));
+        }
+        key
+    }
+
+    /// This node's subnet of family `f` (`10.5.3.0/24`, `fc00:0:0:3::/64`), if its lease has one.
+    pub fn subnet(&self, f: Family, timeout: Duration) -> Option<String> {
+        let var = match f {
+            Family::V4 => "FLANNEL_SUBNET",
+            Family::V6 => "FLANNEL_IPV6_SUBNET",
+        };
+        self.subnet_env_opt(var, timeout)
+            .map(|s| subnet_key(&s).replacen('-', "/", 1))
     }
 
     /// `ip route` in the node.
     pub fn routes(&self) -> String {
         self.ns.ip(&["route", "show"])
+    }
+
+    /// `ip -6 route` in the node.
+    pub fn routes6(&self) -> String {
+        self.ns.ip(&["-6", "route", "show"])
+    }
+
+    /// The address of `eth0` of family `f`.
+    pub fn addr(&self, f: Family) -> Option<&str> {
+        match f {
+            Family::V6 => self.ip6.as_deref(),
+            Family::V4 => Some(self.ip.as_str()).filter(|ip| Family::of(ip) == Family::V4),
+        }
     }
 
     /// `ip neigh` in the node (all devices, permanent entries included).
@@ -186,15 +314,33 @@ pub struct Pod {
     /// 1-based index of the node it runs on.
     pub node: u8,
     pub container_id: String,
-    /// Its address on `eth0`, without the prefix length.
+    /// Its first address on `eth0`, without the prefix length: the IPv4 one when it has one.
     pub ip: String,
+    /// Every address on `eth0` the result lists, without prefix lengths, IPv4 first.
+    pub ips: Vec<String>,
     /// The conflist's result.
     pub result: Value,
     servers: Vec<Process>,
 }
 
 impl Pod {
-    /// Does one ping to `ip` get an answer within `wait_s` seconds?
+    /// Its address of family `f`, if it has one.
+    pub fn addr(&self, f: Family) -> Option<&str> {
+        self.ips
+            .iter()
+            .map(String::as_str)
+            .find(|ip| Family::of(ip) == f)
+    }
+
+    /// The families it has an address of.
+    pub fn families(&self) -> Vec<Family> {
+        Family::BOTH
+            .into_iter()
+            .filter(|&f| self.addr(f).is_some())
+            .collect()
+    }
+
+    /// Does one ping to `ip` (either family) get an answer within `wait_s` seconds?
     pub fn ping(&self, ip: &str, wait_s: u32) -> bool {
         self.ns
             .try_run(
@@ -205,44 +351,62 @@ impl Pod {
             .success()
     }
 
-    /// Serves `reply` to every TCP connection on `port` until the pod is dropped.
+    /// Serves `reply` (shell text: `$SOCAT_PEERADDR` is the client's address) to every TCP
+    /// connection on `port`, over each family it has an address of, until the pod is dropped.
     pub fn serve_tcp(&mut self, port: u16, reply: &str) {
-        let child = self
-            .ns
-            .command("socat")
-            .arg(format!("TCP4-LISTEN:{port},fork,reuseaddr"))
-            .arg(format!("SYSTEM:echo {reply}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting socat in {}: {e}", self.ns.name()));
-        self.servers.push(Process { child: Some(child) });
-        wait_for(
-            &format!("socat to listen on port {port} in {}", self.ns.name()),
-            Duration::from_secs(10),
-            || {
-                let out = self.ns.run("ss", &["-Htln", &format!("sport = :{port}")]);
-                (!out.trim().is_empty()).then_some(())
-            },
-        );
+        let families = self.families();
+        for &f in &families {
+            self.servers.push(serve(&self.ns, f, port, reply));
+        }
+        wait_listening(&self.ns, port, families.len());
     }
 
-    /// What a TCP connection to `ip:port` reads (connecting for at most 3 s), or None.
+    /// What a TCP connection to `ip:port` (either family) reads, connecting for at most 3 s,
+    /// or None.
     pub fn tcp_read(&self, ip: &str, port: u16) -> Option<String> {
+        let proto = match Family::of(ip) {
+            Family::V4 => "TCP4",
+            Family::V6 => "TCP6",
+        };
         let out: Output = self.ns.try_run(
             "socat",
             &[
                 "-T",
                 "3",
                 "-u",
-                &format!("TCP4:{ip}:{port},connect-timeout=3"),
+                &format!("{proto}:{},connect-timeout=3", host_port(ip, port)),
                 "STDOUT",
             ],
         );
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    /// Does a ping of a whole `packet` bytes (IP header included) with Don't Fragment set
+    /// (IPv6 never fragments on the way) get an answer from `ip`? Tries every 50 ms for up to
+    /// 2 s, so that a first packet held up by neighbour discovery does not count as lost.
+    pub fn crosses_with_df(&self, ip: &str, packet: u64) -> bool {
+        let payload = packet.saturating_sub(Family::of(ip).ping_overhead());
+        self.ns
+            .try_run(
+                "ping",
+                &[
+                    "-c",
+                    "1",
+                    "-i",
+                    "0.05",
+                    "-w",
+                    "2",
+                    "-M",
+                    "do",
+                    "-s",
+                    &payload.to_string(),
+                    ip,
+                ],
+            )
+            .status
+            .success()
     }
 
     /// The MTU of the pod's `eth0`.
@@ -262,6 +426,39 @@ impl Drop for Pod {
     }
 }
 
+/// socat in `ns` answering `reply` (shell text) to each TCP connection on `port` of family `f`.
+fn serve(ns: &TestNs, f: Family, port: u16, reply: &str) -> Process {
+    let listen = match f {
+        Family::V4 => format!("TCP4-LISTEN:{port},fork,reuseaddr"),
+        Family::V6 => format!("TCP6-LISTEN:{port},fork,reuseaddr,ipv6only=1"),
+    };
+    let child = ns
+        .command("socat")
+        .arg(listen)
+        .arg(format!("SYSTEM:echo {reply}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting socat in {}: {e}", ns.name()));
+    Process { child: Some(child) }
+}
+
+/// Waits until `sockets` TCP sockets listen on `port` in `ns`.
+fn wait_listening(ns: &TestNs, port: u16, sockets: usize) {
+    wait_for(
+        &format!(
+            "{sockets} socat listener(s) on port {port} in {}",
+            ns.name()
+        ),
+        Duration::from_secs(10),
+        || {
+            let out = ns.run("ss", &["-Htln", &format!("sport = :{port}")]);
+            (out.lines().count() >= sockets).then_some(())
+        },
+    );
+}
+
 /// A real etcd in the underlay namespace.
 struct Etcd {
     process: Process,
@@ -275,8 +472,11 @@ pub struct Cluster {
     nodes: Vec<Node>,
     etcd: Option<Etcd>,
     pub underlay: TestNs,
+    /// Listeners in the underlay (`serve_outside`).
+    outside_servers: Vec<Process>,
     prefix: String,
     net: u8,
+    families: Underlay,
     registry: Registry,
     network_config: String,
     plugins: PathBuf,
@@ -296,15 +496,26 @@ impl Cluster {
         registry: Registry,
         network_config: &str,
     ) -> Cluster {
+        Cluster::on(Underlay::V4, prefix, net, nodes, registry, network_config)
+    }
+
+    /// As `new`, on an underlay of the families `underlay` names (fd00:<net>::/64 for IPv6).
+    pub fn on(
+        underlay: Underlay,
+        prefix: &str,
+        net: u8,
+        nodes: u8,
+        registry: Registry,
+        network_config: &str,
+    ) -> Cluster {
+        let families = underlay;
         let underlay = TestNs::new(&format!("{prefix}u"));
         underlay.ip(&["link", "add", "br0", "type", "bridge"]);
-        underlay.ip(&[
-            "addr",
-            "add",
-            &format!("192.168.{net}.{UNDERLAY_HOST}/24"),
-            "dev",
-            "br0",
-        ]);
+        for f in Family::BOTH {
+            if let Some(a) = families.address(f, net, UNDERLAY_HOST) {
+                add_address(&underlay, &a, "br0");
+            }
+        }
         underlay.ip(&["link", "set", "br0", "up"]);
         let conflist_path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/10-flannel.conflist");
@@ -318,8 +529,10 @@ impl Cluster {
             nodes: Vec::new(),
             etcd: None,
             underlay,
+            outside_servers: Vec::new(),
             prefix: prefix.to_string(),
             net,
+            families,
             registry,
             network_config: network_config.to_string(),
             plugins: bin_dir(),
@@ -358,6 +571,42 @@ impl Cluster {
 
     pub fn registry(&self) -> Registry {
         self.registry
+    }
+
+    /// The families the underlay carries.
+    pub fn underlay_families(&self) -> Underlay {
+        self.families
+    }
+
+    /// The underlay's own address of family `f`: outside the cluster network, with no route
+    /// back to any pod, so that a pod reaches it only through its node's masquerade.
+    pub fn outside(&self, f: Family) -> Option<String> {
+        self.families.address(f, self.net, UNDERLAY_HOST)
+    }
+
+    /// Listens on `port` of every outside address (`outside`), answering each connection with
+    /// the address it came from, until the cluster is dropped.
+    pub fn serve_outside(&mut self, port: u16) {
+        let families: Vec<Family> = Family::BOTH
+            .into_iter()
+            .filter(|&f| self.families.has(f))
+            .collect();
+        for &f in &families {
+            let server = serve(&self.underlay, f, port, "$SOCAT_PEERADDR");
+            self.outside_servers.push(server);
+        }
+        wait_listening(&self.underlay, port, families.len());
+    }
+
+    /// The source address the outside address of family `f` sees on a connection from pod
+    /// `pod` to its `port` (`serve_outside`), or None when the connection fails.
+    pub fn seen_from_outside(&self, pod: usize, f: Family, port: u16) -> Option<IpAddr> {
+        let outside = self.outside(f)?;
+        let seen = self.pods[pod].tcp_read(&outside, port)?;
+        seen.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .ok()
     }
 
     pub fn network_config(&self) -> &str {
@@ -406,8 +655,11 @@ impl Cluster {
             Path::new(ETCD).exists(),
             "{ETCD} is missing: scripts/deps.sh tests installs Debian's etcd-server"
         );
-        let host = format!("192.168.{}.{UNDERLAY_HOST}", self.net);
-        let url = format!("http://{host}:2379");
+        let host = Family::BOTH
+            .into_iter()
+            .find_map(|f| self.outside(f))
+            .expect("an underlay of at least one family");
+        let url = format!("http://{}", host_port(&host, 2379));
         let data = self.dir.path().join("etcd-data");
         let log = self.dir.path().join("etcd.log");
         let log_file =
@@ -438,11 +690,11 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("starting {ETCD} in {}: {e}", self.underlay.name()));
         self.etcd = Some(Etcd {
             process: Process { child: Some(child) },
-            url,
+            url: url.clone(),
         });
         wait_for(
             &format!(
-                "etcd to answer on {host}:2379 in the underlay (log {})",
+                "etcd to answer on {url} in the underlay (log {})",
                 log.display()
             ),
             Duration::from_secs(30),
@@ -486,7 +738,6 @@ impl Cluster {
         assert!(index < UNDERLAY_HOST, "too many nodes");
         let ns = TestNs::new(&format!("{}n{index}", self.prefix));
         let port = format!("n{index}");
-        let ip = format!("192.168.{}.{index}", self.net);
         self.underlay.ip(&[
             "link",
             "add",
@@ -501,24 +752,34 @@ impl Cluster {
         ]);
         self.underlay
             .ip(&["link", "set", &port, "master", "br0", "up"]);
-        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        let addr = |f| self.families.address(f, self.net, index);
+        let (ip4, ip6) = (addr(Family::V4), addr(Family::V6));
+        for a in ip4.iter().chain(&ip6) {
+            add_address(&ns, a, "eth0");
+        }
         ns.ip(&["link", "set", "eth0", "up"]);
-        ns.ip(&[
-            "route",
-            "add",
-            "default",
-            "via",
-            &format!("192.168.{}.{UNDERLAY_HOST}", self.net),
-            "dev",
-            "eth0",
-        ]);
-        ns.run("sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
+        for f in Family::BOTH {
+            if let Some(gw) = self.outside(f) {
+                let family = if f == Family::V6 { "-6" } else { "-4" };
+                ns.ip(&[family, "route", "add", "default", "via", &gw, "dev", "eth0"]);
+            }
+        }
+        ns.run(
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv4.ip_forward=1",
+                "net.ipv6.conf.all.forwarding=1",
+            ],
+        );
         let dir = self.dir.path().join(format!("node{index}"));
         fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let ip = ip4.or_else(|| ip6.clone()).unwrap_or_default();
         self.nodes.push(Node {
             index,
             ns,
             ip,
+            ip6,
             dir,
             daemon: None,
         });
@@ -672,17 +933,24 @@ impl Cluster {
                     out.stdout, out.stderr
                 )
             });
-        let ip = result["ips"]
+        let mut ips: Vec<String> = result["ips"]
             .as_array()
-            .and_then(|ips| ips.iter().find_map(|i| i["address"].as_str()))
-            .and_then(|a| a.split('/').next())
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["address"].as_str()?.split('/').next())
+            .map(str::to_string)
+            .collect();
+        ips.sort_by_key(|ip| Family::of(ip) == Family::V6);
+        let ip = ips
+            .first()
             .unwrap_or_else(|| panic!("no address in the pod's result {result}"))
-            .to_string();
+            .clone();
         self.pods.push(Pod {
             ns,
             node: index,
             container_id,
             ip,
+            ips,
             result,
             servers: Vec::new(),
         });
@@ -691,10 +959,23 @@ impl Cluster {
 
     /// Every ordered pair of pods (from, to) where one ping gets no answer within `wait_s`.
     pub fn unreachable_pairs(&self, wait_s: u32) -> Vec<(usize, usize)> {
+        self.pairs_failing(|from, to| from.ping(&to.ip, wait_s))
+    }
+
+    /// As `unreachable_pairs`, to the addresses of family `f` (pods without one are left out).
+    pub fn unreachable_pairs_over(&self, f: Family, wait_s: u32) -> Vec<(usize, usize)> {
+        self.pairs_failing(|from, to| match (from.addr(f), to.addr(f)) {
+            (Some(_), Some(ip)) => from.ping(ip, wait_s),
+            _ => true,
+        })
+    }
+
+    /// Every ordered pair of distinct pods (from, to) for which `ok` is false.
+    pub fn pairs_failing(&self, ok: impl Fn(&Pod, &Pod) -> bool) -> Vec<(usize, usize)> {
         let mut bad = Vec::new();
         for (i, from) in self.pods.iter().enumerate() {
             for (j, to) in self.pods.iter().enumerate() {
-                if i != j && !from.ping(&to.ip, wait_s) {
+                if i != j && !ok(from, to) {
                     bad.push((i, j));
                 }
             }
@@ -702,7 +983,8 @@ impl Cluster {
         bad
     }
 
-    /// A readable list of pod pairs: `pod 0 (node 1, 10.5.3.2) -> pod 2 (node 2, 10.5.7.2)`.
+    /// A readable list of pod pairs: `pod 0 (node 1, 10.5.3.2) -> pod 2 (node 2, 10.5.7.2)`,
+    /// every address of each pod listed.
     pub fn describe_pairs(&self, pairs: &[(usize, usize)]) -> String {
         pairs
             .iter()
@@ -710,7 +992,10 @@ impl Cluster {
                 let (a, b) = (&self.pods[i], &self.pods[j]);
                 format!(
                     "pod {i} (node {}, {}) -> pod {j} (node {}, {})",
-                    a.node, a.ip, b.node, b.ip
+                    a.node,
+                    a.ips.join(" "),
+                    b.node,
+                    b.ips.join(" ")
                 )
             })
             .collect::<Vec<_>>()
@@ -728,7 +1013,7 @@ impl Cluster {
                 n.index,
                 n.ip,
                 fs::read_to_string(n.subnet_file()).unwrap_or_default(),
-                n.routes(),
+                n.routes() + &n.routes6(),
                 n.neighbours(),
                 n.fdb(),
                 tail.into_iter().rev().collect::<Vec<_>>().join("\n")
@@ -746,6 +1031,9 @@ impl Drop for Cluster {
                 s.kill();
             }
         }
+        for s in &mut self.outside_servers {
+            s.kill();
+        }
         for n in &mut self.nodes {
             if let Some(mut d) = n.daemon.take() {
                 d.kill();
@@ -755,4 +1043,13 @@ impl Drop for Cluster {
             e.process.kill();
         }
     }
+}
+
+/// Adds `addr` to `dev` in `ns` with the underlay's prefix length (/24 or /64); IPv6 without
+/// duplicate address detection, so that it is usable at once.
+fn add_address(ns: &TestNs, addr: &str, dev: &str) {
+    match Family::of(addr) {
+        Family::V4 => ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", dev]),
+        Family::V6 => ns.ip(&["addr", "add", &format!("{addr}/64"), "dev", dev, "nodad"]),
+    };
 }
