@@ -18,16 +18,23 @@ pub struct RootSnapshot {
 }
 
 impl RootSnapshot {
+    /// The machine as it is now; panics when `ip` or `iptables-save` cannot say, since two
+    /// empty snapshots would compare equal whatever a test did.
     pub fn take() -> RootSnapshot {
-        RootSnapshot {
-            links: root_links(),
+        Self::take_with("ip", "iptables-save").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The same, reading links with `ip` and rules with `iptables_save` (the programs given).
+    pub fn take_with(ip: &str, iptables_save: &str) -> Result<RootSnapshot, String> {
+        Ok(RootSnapshot {
+            links: root_links(ip)?,
             netns: named_netns(),
             cni_files: ["/etc/cni", "/opt/cni"]
                 .iter()
                 .flat_map(|d| tree(Path::new(d)))
                 .collect(),
-            iptables: root_iptables(),
-        }
+            iptables: root_iptables(iptables_save)?,
+        })
     }
 
     /// Ends `node` and asserts that it left nothing: no process from its directory, no cgroup,
@@ -74,20 +81,45 @@ impl RootSnapshot {
     }
 }
 
-fn root_links() -> BTreeSet<String> {
-    let out = Command::new("ip")
-        .args(["-j", "link", "show"])
+/// The stdout of `program args`, which must exit with status 0.
+fn output_of(program: &str, args: &[&str]) -> Result<String, String> {
+    let shown = [program]
+        .iter()
+        .chain(args)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new(program)
+        .args(args)
         .output()
-        .expect("ip link");
-    let links: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    links
+        .map_err(|e| format!("snapshot of the root namespace: running {shown}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "snapshot of the root namespace: {shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn root_links(ip: &str) -> Result<BTreeSet<String>, String> {
+    let out = output_of(ip, &["-j", "link", "show"])?;
+    let links: serde_json::Value = serde_json::from_str(&out)
+        .map_err(|e| format!("snapshot of the root namespace: {ip} -j link show: {e}: {out:?}"))?;
+    let names: BTreeSet<String> = links
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|l| l["ifname"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+        .collect();
+    // Every namespace has lo: no name at all means the output was not a link list.
+    if names.is_empty() {
+        return Err(format!(
+            "snapshot of the root namespace: {ip} -j link show listed no link: {out:?}"
+        ));
+    }
+    Ok(names)
 }
 
 fn named_netns() -> BTreeSet<String> {
@@ -121,16 +153,48 @@ fn tree(dir: &Path) -> Vec<(String, String)> {
 }
 
 /// The root namespace's rules without the timestamps and packet counters that change by themselves.
-fn root_iptables() -> Vec<String> {
-    let Ok(out) = Command::new("iptables-save").output() else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&out.stdout)
+fn root_iptables(iptables_save: &str) -> Result<Vec<String>, String> {
+    let out = output_of(iptables_save, &[])?;
+    Ok(out
         .lines()
         .filter(|l| !l.starts_with('#'))
         .map(|l| match l.split_once(" [") {
             Some((chain, _)) if l.starts_with(':') => chain.to_string(),
             _ => l.to_string(),
         })
-        .collect()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RootSnapshot;
+
+    #[test]
+    fn a_snapshot_fails_when_ip_fails() {
+        let err = RootSnapshot::take_with("false", "true").unwrap_err();
+        assert!(err.contains("false -j link show failed"), "{err}");
+        let err = RootSnapshot::take_with("/nonexistent/ip", "true").unwrap_err();
+        assert!(
+            err.contains("running /nonexistent/ip -j link show"),
+            "{err}"
+        );
+        // A program that succeeds but prints no link list is no snapshot either.
+        let err = RootSnapshot::take_with("true", "true").unwrap_err();
+        assert!(err.contains("true -j link show"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_fails_when_iptables_save_fails() {
+        let err = RootSnapshot::take_with("ip", "false").unwrap_err();
+        assert!(err.contains("false failed"), "{err}");
+        let err = RootSnapshot::take_with("ip", "/nonexistent/iptables-save").unwrap_err();
+        assert!(err.contains("running /nonexistent/iptables-save"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_of_this_machine_lists_its_loopback() {
+        // `true` stands in for iptables-save, which needs root; ip link needs none.
+        let snapshot = RootSnapshot::take_with("ip", "true").unwrap();
+        assert!(snapshot.links.contains("lo"), "{snapshot:?}");
+    }
 }
