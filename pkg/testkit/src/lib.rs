@@ -398,15 +398,135 @@ impl Invocation {
     }
 }
 
-/// True when the Go reference plugins are installed. A developer machine may lack them and
-/// the compatibility tests then skip; in CI (`CI` set) their absence is a failed install, so
-/// it fails the test instead of letting it pass unchecked.
+/// True when the Go reference plugins are installed.
 pub fn go_plugins_available() -> bool {
-    let present = ["bridge", "host-local", "portmap", "loopback"]
+    ["bridge", "host-local", "portmap", "loopback"]
         .iter()
-        .all(|p| Path::new(GO_PLUGIN_DIR).join(p).exists());
-    if !present && std::env::var_os("CI").is_some() {
-        panic!("the Go reference plugins are not in {GO_PLUGIN_DIR}: install containernetworking-plugins");
+        .all(|p| Path::new(GO_PLUGIN_DIR).join(p).exists())
+}
+
+/// What the compatibility tests need, for [`runs_here`].
+pub const GO_PLUGINS: Need = Need::Installed(
+    "the Go reference plugins in /usr/lib/cni (Debian's containernetworking-plugins)",
+);
+
+/// The environment variable naming the file where [`runs_here`] records the tests it let pass
+/// without running (`scripts/test.sh` sets it and lists the file in its summary).
+pub const SKIP_LOG: &str = "TESTKIT_SKIP_LOG";
+
+/// Something a test needs from the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need<'a> {
+    /// What an install provides (a package `scripts/deps.sh tests` installs): in CI, where
+    /// everything is installed, its absence is a broken set-up and fails the test.
+    Installed(&'a str),
+    /// What no install provides (a kernel built without an option): a skip everywhere, CI
+    /// included, always listed in `scripts/test.sh`'s summary.
+    Kernel(&'a str),
+}
+
+/// Whether the calling test can run on this machine, given whether the machine has what it
+/// needs. When it has not, the test must not pass as if it had checked something: a missing
+/// [`Need::Installed`] fails the test in CI (`CI` set, as `.ci/run` sets it); otherwise the
+/// test is recorded as skipped (on stderr, and in the `TESTKIT_SKIP_LOG` file that
+/// `scripts/test.sh` lists at the end) and the caller returns at once.
+pub fn runs_here(present: bool, need: Need) -> bool {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let ci = std::env::var_os("CI").is_some();
+    let log = std::env::var_os(SKIP_LOG).map(PathBuf::from);
+    match decide_skip(present, need, &test, ci, log.as_deref()) {
+        Ok(runs) => runs,
+        Err(why) => panic!("{why}"),
     }
-    present
+}
+
+/// [`runs_here`]'s decision: Ok(true) runs the test; Ok(false) skips it, recorded in `log`;
+/// Err fails it.
+fn decide_skip(
+    present: bool,
+    need: Need,
+    test: &str,
+    ci: bool,
+    log: Option<&Path>,
+) -> Result<bool, String> {
+    if present {
+        return Ok(true);
+    }
+    let what = match need {
+        Need::Installed(what) if ci => {
+            return Err(format!(
+                "{test} needs {what}, which this machine lacks: CI installs it, so the test \
+                 fails instead of passing unchecked"
+            ))
+        }
+        Need::Installed(what) | Need::Kernel(what) => what,
+    };
+    let line = format!("{test}: needs {what}");
+    eprintln!("SKIPPED {line}");
+    if let Some(log) = log {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()))
+            .map_err(|e| format!("recording the skip of {test} in {}: {e}", log.display()))?;
+    }
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decide_skip, Need};
+
+    const PACKAGE: Need = Need::Installed("the Go plugins");
+    const KERNEL: Need = Need::Kernel("bridge VLAN filtering");
+
+    #[test]
+    fn a_test_whose_need_is_met_runs_and_records_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("skipped");
+        for need in [PACKAGE, KERNEL] {
+            for ci in [true, false] {
+                assert_eq!(decide_skip(true, need, "t", ci, Some(&log)), Ok(true));
+            }
+        }
+        assert!(!log.exists());
+    }
+
+    #[test]
+    fn a_missing_package_fails_the_test_in_ci() {
+        let err = decide_skip(false, PACKAGE, "compat_test", true, None).unwrap_err();
+        assert!(
+            err.contains("compat_test") && err.contains("the Go plugins"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_need_is_otherwise_recorded_as_a_skip() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("skipped");
+        assert_eq!(
+            decide_skip(false, PACKAGE, "compat", false, Some(&log)),
+            Ok(false)
+        );
+        assert_eq!(
+            decide_skip(false, KERNEL, "vlan", true, Some(&log)),
+            Ok(false)
+        );
+        assert_eq!(
+            decide_skip(false, KERNEL, "trunk", false, Some(&log)),
+            Ok(false)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "compat: needs the Go plugins\nvlan: needs bridge VLAN filtering\n\
+             trunk: needs bridge VLAN filtering\n"
+        );
+        // Without a log (a plain cargo nextest run) it still says so on stderr and skips.
+        assert_eq!(decide_skip(false, PACKAGE, "t", false, None), Ok(false));
+    }
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{addrs, link, routes, vlan_filtering_supported, Node, VERSIONS};
+use common::{addrs, link, routes, vlan_filtering_supported, Node, VERSIONS, VLAN_FILTERING};
 use serde_json::{json, Value};
 use testkit::TestNs;
 
@@ -307,7 +307,7 @@ fn port_vlans(node: &Node, port: &str) -> Vec<(u64, Vec<String>)> {
 
 #[test]
 fn access_vlan_with_its_gateway_interface() {
-    if !vlan_filtering_supported() {
+    if !testkit::runs_here(vlan_filtering_supported(), VLAN_FILTERING) {
         return;
     }
     let node = Node::new();
@@ -344,7 +344,7 @@ fn access_vlan_with_its_gateway_interface() {
 
 #[test]
 fn trunk_vlans_without_the_default_one() {
-    if !vlan_filtering_supported() {
+    if !testkit::runs_here(vlan_filtering_supported(), VLAN_FILTERING) {
         return;
     }
     let node = Node::new();

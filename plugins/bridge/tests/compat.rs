@@ -4,7 +4,7 @@ mod common;
 
 use common::Node;
 use serde_json::json;
-use testkit::{go_plugins_available, TestNs};
+use testkit::{go_plugins_available, TestNs, GO_PLUGINS};
 
 fn conf(node: &Node) -> serde_json::Value {
     node.conf(
@@ -15,8 +15,7 @@ fn conf(node: &Node) -> serde_json::Value {
 
 #[test]
 fn a_pod_added_by_go_is_deleted_by_ours() {
-    if !go_plugins_available() {
-        eprintln!("skipped: the Go plugins are not installed");
+    if !testkit::runs_here(go_plugins_available(), GO_PLUGINS) {
         return;
     }
     let node = Node::new();
@@ -35,8 +34,7 @@ fn a_pod_added_by_go_is_deleted_by_ours() {
 
 #[test]
 fn a_pod_added_by_ours_is_deleted_by_go() {
-    if !go_plugins_available() {
-        eprintln!("skipped: the Go plugins are not installed");
+    if !testkit::runs_here(go_plugins_available(), GO_PLUGINS) {
         return;
     }
     let node = Node::new();
@@ -52,8 +50,7 @@ fn a_pod_added_by_ours_is_deleted_by_go() {
 
 #[test]
 fn ours_removes_the_rules_go_leaks_when_the_namespace_is_gone() {
-    if !go_plugins_available() {
-        eprintln!("skipped: the Go plugins are not installed");
+    if !testkit::runs_here(go_plugins_available(), GO_PLUGINS) {
         return;
     }
     let node = Node::new();

@@ -546,26 +546,28 @@ fn gc_reports_every_failure() {
     for id in ["a", "b", "c"] {
         ours("ADD").container_id(id).run(&conf).ok();
     }
-    // An immutable file cannot be unlinked, even by root.
+    // A mount point cannot be unlinked (EBUSY), even by root and on any file system: GC runs in
+    // a private mount namespace where two reservation files are bind-mounted onto themselves.
     let pinned = ["10.43.0.2", "10.43.0.3"];
-    let chattr = |flag: &str, name: &str| {
-        std::process::Command::new("chattr")
-            .arg(flag)
-            .arg(net.dir().join(name))
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !pinned.iter().all(|p| chattr("+i", p)) {
-        for p in pinned {
-            chattr("-i", p);
-        }
-        eprintln!("skipping: chattr +i is not supported here");
-        return;
-    }
-    let out = ours("GC").run(&gc_conf(&net, "cni.dev/valid-attachments", &[]));
-    for p in pinned {
-        chattr("-i", p);
-    }
+    let files: Vec<String> = pinned
+        .iter()
+        .map(|p| format!("'{}'", net.dir().join(p).display()))
+        .collect();
+    let wrapper = net.tmp.path().join("host-local-with-busy-files");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec unshare --mount --propagation private sh -c \
+             'for f; do mount --bind \"$f\" \"$f\" || exit 99; done; exec \"$0\"' '{}' {}\n",
+            testkit::bin_dir().join("host-local").display(),
+            files.join(" ")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = testkit::Invocation::at(wrapper, "GC")
+        .netns(NETNS)
+        .run(&gc_conf(&net, "cni.dev/valid-attachments", &[]));
     let e = out.err(5);
     let msg = e["msg"].as_str().unwrap();
     assert!(msg.contains("2 failure(s)"), "{msg}");

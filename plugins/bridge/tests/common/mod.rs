@@ -223,26 +223,25 @@ pub fn addrs(ns: &TestNs, dev: &str) -> Vec<String> {
 /// Whether the kernel has bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING).
 pub fn vlan_filtering_supported() -> bool {
     let ns = TestNs::new("bv");
-    let ok = ns
-        .try_run(
-            "ip",
-            &[
-                "link",
-                "add",
-                "br0",
-                "type",
-                "bridge",
-                "vlan_filtering",
-                "1",
-            ],
-        )
-        .status
-        .success();
-    if !ok {
-        eprintln!("skipped: this kernel has no bridge VLAN filtering");
-    }
-    ok
+    ns.try_run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "br0",
+            "type",
+            "bridge",
+            "vlan_filtering",
+            "1",
+        ],
+    )
+    .status
+    .success()
 }
+
+/// What the VLAN tests need, for `testkit::runs_here`.
+pub const VLAN_FILTERING: testkit::Need =
+    testkit::Need::Kernel("bridge VLAN filtering in the kernel (CONFIG_BRIDGE_VLAN_FILTERING)");
 
 /// A link's JSON as `ip -j -d link` shows it in `ns`.
 pub fn link(ns: &TestNs, name: &str) -> Value {

@@ -22,12 +22,8 @@ pub fn go_binary() -> PathBuf {
 /// The Go reference, when installed (it is in CI).
 pub fn go(command: &str) -> Option<Invocation> {
     let bin = go_binary();
-    if testkit::go_plugins_available() {
-        Some(Invocation::at(bin, command).netns(NETNS))
-    } else {
-        eprintln!("skipping: {} is not installed", bin.display());
-        None
-    }
+    testkit::runs_here(testkit::go_plugins_available(), testkit::GO_PLUGINS)
+        .then(|| Invocation::at(bin, command).netns(NETNS))
 }
 
 /// One network in its own temporary dataDir.
