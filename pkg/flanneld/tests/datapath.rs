@@ -482,6 +482,133 @@ fn dual_stack_vxlan_carries_both_families() {
     });
 }
 
+const DUAL_STACK: &str = r#","EnableIPv6":true,"IPv6Network":"fc00::/48""#;
+
+/// A daemon's IPv6 subnet (`fc00:0:0:3::/64`) from its subnet.env.
+fn subnet6(d: &Daemon) -> String {
+    let env = d.wait_subnet_env(T);
+    let sub = env
+        .lines()
+        .find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))
+        .unwrap_or_else(|| panic!("no FLANNEL_IPV6_SUBNET in {env}"));
+    key_of(sub).replacen('-', "/", 1)
+}
+
+/// Deletes one entry by hand and waits (REPAIR) for `show` to hold `needle` again.
+fn deleted_and_back(node: &Node, what: &str, delete: &[&str], show: &[&str], needle: &str) {
+    assert!(
+        has(node, show, needle),
+        "{needle:?} not in `{}` before deleting {what}",
+        show.join(" ")
+    );
+    node.ns.run(delete[0], &delete[1..]);
+    assert!(
+        !has(node, show, needle),
+        "{what} still there after `{}`",
+        delete.join(" ")
+    );
+    wait_for(
+        &format!("{what} deleted by hand to be back ({needle:?})"),
+        REPAIR,
+        || has(node, show, needle).then_some(()),
+    );
+}
+
+#[test]
+fn dual_stack_vxlan_puts_back_ipv6_entries_deleted_by_hand() {
+    let p = pair_with("fv7", r#"{"Type":"vxlan"}"#, DUAL_STACK, |_| {});
+    let sub_b6 = subnet6(&p.db);
+    let net_b6 = sub_b6.split('/').next().unwrap_or_default().to_string();
+    let route = format!("{sub_b6} via {net_b6} dev flannel-v6.1");
+    let neigh = format!("{net_b6} lladdr");
+    let route_show = ["ip", "-6", "route", "show"];
+    let neigh_show = ["ip", "-6", "neigh", "show", "dev", "flannel-v6.1"];
+    let fdb_show = ["bridge", "fdb", "show", "dev", "flannel-v6.1"];
+    wait_has(&p.a, &route_show, &route, T);
+    wait_has(&p.a, &neigh_show, &neigh, T);
+    wait_has(&p.a, &fdb_show, "dst fd00::2", T);
+    let v4_route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    wait_has(&p.a, &["ip", "route", "show"], &v4_route, T);
+
+    deleted_and_back(
+        &p.a,
+        "the IPv6 route",
+        &["ip", "-6", "route", "del", &sub_b6],
+        &route_show,
+        &route,
+    );
+    deleted_and_back(
+        &p.a,
+        "the IPv6 neighbour",
+        &["ip", "-6", "neigh", "del", &net_b6, "dev", "flannel-v6.1"],
+        &neigh_show,
+        &neigh,
+    );
+    let fdb = p.a.ns.run(fdb_show[0], &fdb_show[1..]);
+    let mac = fdb
+        .lines()
+        .find(|l| l.contains("dst fd00::2"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no FDB entry to fd00::2 in\n{fdb}"))
+        .to_string();
+    deleted_and_back(
+        &p.a,
+        "the IPv6 FDB entry",
+        &[
+            "bridge",
+            "fdb",
+            "del",
+            &mac,
+            "dev",
+            "flannel-v6.1",
+            "dst",
+            "fd00::2",
+        ],
+        &fdb_show,
+        "dst fd00::2",
+    );
+    // The device itself: made again, with its address and every peer's entries.
+    let sub_a6 = subnet6(&p.da);
+    let addr_a6 = format!("{}/128", sub_a6.split('/').next().unwrap_or_default());
+    p.a.ns.ip(&["link", "del", "flannel-v6.1"]);
+    wait_for(
+        "flannel-v6.1 deleted by hand to be back with its address, route, neighbour and FDB entry",
+        REPAIR,
+        || {
+            (p.a.ns.addresses("flannel-v6.1").contains(&addr_a6)
+                && has(&p.a, &route_show, &route)
+                && has(&p.a, &neigh_show, &neigh)
+                && has(&p.a, &fdb_show, "dst fd00::2"))
+            .then_some(())
+        },
+    );
+    let dev = p.a.ns.run("ip", &["-d", "link", "show", "flannel-v6.1"]);
+    for want in ["mtu 1430", "vxlan id 1", "local fd00::1", "dev eth0"] {
+        assert!(dev.contains(want), "{want} not in {dev}");
+    }
+    let addr_b6 = sub_b6.replacen("::/64", "::", 1);
+    wait_for("a ping across flannel-v6.1 after the repair", T, || {
+        ping(&p.a, addr_a6.trim_end_matches("/128"), &addr_b6).then_some(())
+    });
+    // IPv4 went on untouched.
+    assert!(has(&p.a, &["ip", "route", "show"], &v4_route));
+}
+
+#[test]
+fn dual_stack_host_gw_puts_back_an_ipv6_route_deleted_by_hand() {
+    let p = pair_with("fv8", r#"{"Type":"host-gw"}"#, DUAL_STACK, |_| {});
+    let sub_b6 = subnet6(&p.db);
+    let route = format!("{sub_b6} via fd00::2 dev eth0");
+    wait_has(&p.a, &["ip", "-6", "route", "show"], &route, T);
+    deleted_and_back(
+        &p.a,
+        "the IPv6 route",
+        &["ip", "-6", "route", "del", &sub_b6],
+        &["ip", "-6", "route", "show"],
+        &route,
+    );
+}
+
 #[test]
 fn masquerade_rules_are_flannels_and_put_back() {
     let p = pair("fvq", r#"{"Type":"vxlan"}"#);
