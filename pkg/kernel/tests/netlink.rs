@@ -2,7 +2,8 @@
 //! through the layer and through iproute2 (what an operator would look at).
 
 use cni_kernel::netlink::{
-    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Route, Vxlan, VxlanSpec, Write,
+    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Nexthop, Route, Vxlan,
+    VxlanSpec, Write, PROTOCOL_BOOT,
 };
 use cni_kernel::{Kind, Netns};
 use futures::StreamExt;
@@ -284,6 +285,80 @@ fn onlink_routes_are_created_replaced_listed_and_deleted() {
     assert!(ns.ip(&["route", "show", "10.5.3.0/24"]).trim().is_empty());
 }
 
+#[test]
+fn nexthops_are_set_listed_replaced_in_place_and_deleted_with_their_routes() {
+    let ns = TestNs::new("knh");
+    let (_h, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    assert!(nl.supports_nexthops().unwrap());
+    let v4 = Nexthop::onlink(7, "10.5.3.0".parse().unwrap(), dev);
+    let v6 = Nexthop::onlink(8, "fd00:5:3::".parse().unwrap(), dev);
+    assert_eq!(v4.protocol, PROTOCOL_BOOT);
+    for nh in [&v4, &v6] {
+        assert!(nl.set_nexthop(nh).unwrap());
+        assert!(!nl.set_nexthop(nh).unwrap(), "already so");
+        assert_eq!(nl.nexthop(nh.id).unwrap().as_ref(), Some(nh));
+    }
+    assert_eq!(nl.nexthops().unwrap(), [v4.clone(), v6.clone()]);
+    assert_eq!(nl.nexthop(9).unwrap(), None);
+    // What iproute2 sees.
+    let shown = ns.ip_json(&["-d", "nexthop", "show"]);
+    assert_eq!(shown[0]["id"], 7);
+    assert_eq!(shown[0]["gateway"], "10.5.3.0");
+    assert_eq!(shown[0]["dev"], "flannel.1");
+    assert_eq!(shown[0]["protocol"], "boot");
+    assert_eq!(shown[0]["flags"][0], "onlink");
+    assert_eq!(shown[1]["gateway"], "fd00:5:3::");
+
+    // A plain route to the subnet is replaced by one through the nexthop (one entry all along).
+    let plain = Route::new(
+        "10.5.3.0/24".parse().unwrap(),
+        Some("10.5.3.0".parse().unwrap()),
+        Some(dev),
+    )
+    .onlink();
+    assert!(nl.create_route(&plain).unwrap());
+    let r4 = Route::via_nexthop("10.5.3.0/24".parse().unwrap(), 7);
+    let r6 = Route::via_nexthop("fd00:5:3::/64".parse().unwrap(), 8);
+    assert!(nl.replace_route(&r4).unwrap());
+    assert!(nl.replace_route(&r6).unwrap());
+    assert!(!nl.replace_routes(&[r4.clone(), r6.clone()]).unwrap()[0]);
+    let through: Vec<Route> = nl
+        .routes()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.nhid.is_some())
+        .collect();
+    assert_eq!(through, [r4.clone(), r6.clone()]);
+    assert!(!nl.routes().unwrap().contains(&plain));
+    let shown = ns.ip(&["route", "show", "10.5.3.0/24"]);
+    assert!(
+        shown.starts_with("10.5.3.0/24 nhid 7 via 10.5.3.0 dev flannel.1"),
+        "{shown}"
+    );
+
+    // Replaced in place: the routes through it stay.
+    let moved = Nexthop {
+        gateway: "10.5.3.1".parse().unwrap(),
+        ..v4.clone()
+    };
+    assert!(nl.set_nexthop(&moved).unwrap());
+    assert!(ns
+        .ip(&["route", "show", "10.5.3.0/24"])
+        .contains("nhid 7 via 10.5.3.1"));
+
+    // Deleted, with the routes through it.
+    assert!(nl.delete_nexthop(7).unwrap());
+    assert!(!nl.delete_nexthop(7).unwrap());
+    assert!(ns.ip(&["route", "show", "10.5.3.0/24"]).trim().is_empty());
+    assert!(nl.routes().unwrap().contains(&r6));
+    assert!(nl.delete_route(&r6).unwrap());
+    assert_eq!(nl.nexthops().unwrap(), [v6]);
+    // A route through a nexthop the kernel does not have is refused, naming it.
+    let e = nl.replace_route(&r4).unwrap_err();
+    assert!(e.to_string().contains("nhid 7"), "{e}");
+}
+
 /// Waits (bounded) for the first event `want` accepts.
 async fn seen(events: &mut Events, what: &str, want: impl Fn(&Event) -> bool) {
     let deadline = Duration::from_secs(5);
@@ -514,6 +589,97 @@ fn five_thousand_neighbours_fdb_entries_and_routes_are_programmed_and_listed() {
         .all(|r| r.oif != Some(dev) || !r.onlink));
 }
 
+/// The nexthop of a peer numbered `i` and the route to its /24 through it.
+fn peer_via_nexthop(i: u32, dev: u32) -> (Nexthop, Route) {
+    let subnet = Ipv4Addr::from(0x0a80_0000 + (i << 8));
+    let id = 1_000_000 + i;
+    (
+        Nexthop::onlink(id, subnet.into(), dev),
+        Route::via_nexthop(ipnetwork::IpNetwork::new(subnet.into(), 24).unwrap(), id),
+    )
+}
+
+#[test]
+fn thousands_of_nexthops_and_routes_through_them_are_programmed_listed_and_deleted() {
+    const N: u32 = 20_000;
+    let ns = TestNs::new("knk");
+    let (handle, nl) = open(&ns);
+    let dev = overlay(&ns, &nl);
+    let (nexthops, routes): (Vec<Nexthop>, Vec<Route>) =
+        (0..N).map(|i| peer_via_nexthop(i, dev)).unzip();
+    let mut writes: Vec<Write> = nexthops.iter().map(Write::SetNexthop).collect();
+    writes.extend(routes.iter().map(Write::SetRoute));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let conn = rt.block_on(async { Conn::open_in(&handle) }).unwrap();
+    let start = Instant::now();
+    let failed = rt.block_on(conn.write(&writes));
+    let took = start.elapsed();
+    assert!(failed.is_empty(), "{failed:?}");
+    println!("wrote {N} nexthops and {N} routes through them in one batch in {took:?}");
+
+    let start = Instant::now();
+    let mut listed_nh = nl.nexthops().unwrap();
+    let listed_routes: Vec<Route> = nl
+        .routes()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.nhid.is_some())
+        .collect();
+    println!("listed them in {:?}", start.elapsed());
+    listed_nh.sort_by_key(|n| n.id);
+    assert_eq!(listed_nh, nexthops);
+    assert_eq!(listed_routes.len(), N as usize);
+    let want: std::collections::HashSet<&Route> = routes.iter().collect();
+    assert!(listed_routes.iter().all(|r| want.contains(r)));
+    // What iproute2 counts.
+    let shown = ns.ip(&["route", "show", "dev", "flannel.1"]);
+    assert_eq!(
+        shown.lines().filter(|l| l.contains(" nhid ")).count(),
+        N as usize
+    );
+    let shown = ns.ip(&["nexthop", "show"]);
+    assert_eq!(shown.lines().count(), N as usize);
+
+    let start = Instant::now();
+    let sample = &nexthops[..N as usize / 10];
+    assert!(sample.iter().all(|nh| !nl.set_nexthop(nh).unwrap()));
+    assert!(nl.replace_routes(&routes).unwrap().iter().all(|c| !*c));
+    println!(
+        "found {} nexthops and all {N} routes already there in {:?}",
+        sample.len(),
+        start.elapsed()
+    );
+
+    // Routes first, then their nexthops: each is one removal. A nexthop deleted with routes
+    // through it takes them along, but the kernel then walks the whole IPv4 table for each.
+    let half = N as usize / 2;
+    let mut deletes: Vec<Write> = routes[..half].iter().map(Write::DeleteRoute).collect();
+    deletes.extend(nexthops[..half].iter().map(|n| Write::DeleteNexthop(n.id)));
+    let start = Instant::now();
+    assert!(rt.block_on(conn.write(&deletes)).is_empty());
+    println!(
+        "deleted {half} routes, then their nexthops, in {:?}",
+        start.elapsed()
+    );
+    let deletes: Vec<Write> = nexthops[half..]
+        .iter()
+        .map(|n| Write::DeleteNexthop(n.id))
+        .collect();
+    let start = Instant::now();
+    assert!(rt.block_on(conn.write(&deletes)).is_empty());
+    println!(
+        "deleted {half} nexthops with the routes through them in {:?}",
+        start.elapsed()
+    );
+    assert!(nl.nexthops().unwrap().is_empty());
+    assert!(nl.routes().unwrap().iter().all(|r| r.nhid.is_none()));
+    assert!(!ns.ip(&["route", "show"]).contains("nhid"));
+    assert!(rt.block_on(conn.write(&deletes)).is_empty(), "already gone");
+}
+
 #[test]
 fn a_batch_of_writes_is_made_and_names_only_what_the_kernel_refuses() {
     const N: u32 = 300;
@@ -543,11 +709,14 @@ fn a_batch_of_writes_is_made_and_names_only_what_the_kernel_refuses() {
     )
     .onlink();
     let absent = Neighbour::permanent(dev, "10.7.0.1".parse().unwrap(), [0x0e, 7, 0, 0, 0, 1]);
-    let mut writes: Vec<Write> = vec![Write::DeleteNeighbour(&absent)];
+    // A route through a nexthop that comes later in the batch: too early.
+    let (late_nh, early) = peer_via_nexthop(1, dev);
+    let mut writes: Vec<Write> = vec![Write::DeleteNeighbour(&absent), Write::SetRoute(&early)];
     writes.extend(neighbours.iter().map(Write::SetNeighbour));
     writes.extend(fdb.iter().map(Write::SetFdb));
     writes.extend(routes.iter().map(Write::SetRoute));
     writes.push(Write::SetRoute(&refused));
+    writes.push(Write::SetNexthop(&late_nh));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -556,13 +725,18 @@ fn a_batch_of_writes_is_made_and_names_only_what_the_kernel_refuses() {
     let failed = rt.block_on(conn.write(&writes));
     assert_eq!(
         failed.len(),
-        1,
-        "only the route through no link: {failed:?}"
+        2,
+        "only the route through no nexthop yet and the one through no link: {failed:?}"
     );
     assert!(
-        failed[0].to_string().contains("10.9.9.0/24"),
+        failed[0].to_string().contains("10.128.1.0/24 nhid 1000001"),
         "{}",
         failed[0]
+    );
+    assert!(
+        failed[1].to_string().contains("10.9.9.0/24"),
+        "{}",
+        failed[1]
     );
     let count = |args: &[&str]| {
         ns.run(args[0], &args[1..])
@@ -576,8 +750,11 @@ fn a_batch_of_writes_is_made_and_names_only_what_the_kernel_refuses() {
         assert_eq!(count(&["bridge", "fdb", "show", "dev", "flannel.1"]), n);
     };
     all(N as usize);
+    assert!(ns
+        .ip(&["nexthop", "show"])
+        .contains("id 1000001 via 10.128.1.0 dev flannel.1"));
     // Written again: nothing to refuse; then all deleted, twice.
-    let writes: Vec<Write> = writes[1..writes.len() - 1].to_vec();
+    let writes: Vec<Write> = writes[2..writes.len() - 2].to_vec();
     assert!(rt.block_on(conn.write(&writes)).is_empty());
     let mut deletes: Vec<Write> = routes.iter().map(Write::DeleteRoute).collect();
     deletes.extend(neighbours.iter().map(Write::DeleteNeighbour));

@@ -2,9 +2,11 @@
 //! named operations on it. Any number of operations may be in flight at once on one
 //! connection; the kernel answers each by its sequence number.
 
+use super::nexthop::{self, Rtnl};
 use super::parse;
 use super::{
-    AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Route, VethSpec, VxlanSpec, MAIN_TABLE,
+    AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec, VxlanSpec,
+    MAIN_TABLE,
 };
 use crate::error::{Error, Result};
 use crate::netns::Netns;
@@ -45,12 +47,12 @@ const BATCH: usize = 64;
 /// A connection to the kernel's routing subsystem in one namespace. Clones share it.
 #[derive(Clone)]
 pub struct Conn {
-    handle: ConnectionHandle<RouteNetlinkMessage>,
+    handle: ConnectionHandle<Rtnl>,
 }
 
 /// The future that reads and writes a connection's socket; it must be polled (spawned) for
 /// any request on the connection to complete, and ends when every `Conn` clone is gone.
-pub struct Driver(rtnetlink::proto::Connection<RouteNetlinkMessage>);
+pub struct Driver(rtnetlink::proto::Connection<Rtnl>);
 
 impl Future for Driver {
     type Output = ();
@@ -104,7 +106,7 @@ impl Conn {
     /// A connection in the calling thread's namespace and the future that drives it. Must be
     /// called inside a tokio runtime (its socket registers with the runtime's reactor).
     pub fn connect() -> Result<(Conn, Driver)> {
-        let (conn, handle, _) = rtnetlink::proto::new_connection(NETLINK_ROUTE)
+        let (conn, handle, _) = rtnetlink::proto::new_connection::<Rtnl>(NETLINK_ROUTE)
             .map_err(|e| Error::io("opening", "a netlink socket", &e))?;
         Ok((Conn { handle }, Driver(conn)))
     }
@@ -133,13 +135,27 @@ impl Conn {
         self.request_map(msg, flags, Some).await
     }
 
-    /// Sends one request and keeps what `keep` makes of each answer as it arrives (a dump of
-    /// thousands of entries is never held whole in the kernel's form).
+    /// Sends one request and keeps what `keep` makes of each of rtnetlink's answers as it
+    /// arrives (a dump of thousands of entries is never held whole in the kernel's form).
     async fn request_map<T>(
         &self,
         msg: RouteNetlinkMessage,
         flags: u16,
         mut keep: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> Result<Vec<T>, Fail> {
+        self.exchange(msg.into(), flags, |m| match m {
+            Rtnl::Route(m) => keep(m),
+            _ => None,
+        })
+        .await
+    }
+
+    /// Sends one request of any kind and keeps what `keep` makes of each answer.
+    async fn exchange<T>(
+        &self,
+        msg: Rtnl,
+        flags: u16,
+        mut keep: impl FnMut(Rtnl) -> Option<T>,
     ) -> Result<Vec<T>, Fail> {
         let mut req = NetlinkMessage::from(msg);
         req.header.flags = flags;
@@ -163,10 +179,14 @@ impl Conn {
     }
 
     /// A request the kernel acknowledges; `flags` beyond REQUEST and ACK.
-    async fn ack(&self, msg: RouteNetlinkMessage, flags: u16) -> Result<(), Fail> {
-        self.request(msg, NLM_F_REQUEST | NLM_F_ACK | flags)
-            .await
-            .map(|_| ())
+    async fn ack(&self, msg: impl Into<Rtnl>, flags: u16) -> Result<(), Fail> {
+        self.exchange(
+            msg.into(),
+            NLM_F_REQUEST | NLM_F_ACK | flags,
+            |_| None::<()>,
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn dump(&self, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, Fail> {
@@ -698,6 +718,80 @@ impl Conn {
         pipelined(ops).await
     }
 
+    // ---- Nexthop objects ----
+
+    /// Whether the kernel has nexthop objects (5.3 and later): it answers a question about
+    /// one instead of refusing the message type. Meant to be asked once.
+    pub async fn supports_nexthops(&self) -> Result<bool> {
+        let r = self
+            .exchange(
+                Rtnl::GetNexthop(nexthop::by_id(u32::MAX)),
+                NLM_F_REQUEST,
+                |_| None::<()>,
+            )
+            .await;
+        match r {
+            Ok(_) | Err(Fail::Errno(Errno::ENOENT)) => Ok(true),
+            Err(Fail::Errno(Errno::EOPNOTSUPP | Errno::EINVAL | Errno::EAFNOSUPPORT)) => Ok(false),
+            Err(f) => Err(f.into_error("asking whether the kernel has", "nexthop objects")),
+        }
+    }
+
+    /// Every nexthop object that is a gateway on a device, both families.
+    pub async fn nexthops(&self) -> Result<Vec<Nexthop>> {
+        self.exchange(
+            Rtnl::GetNexthop(nexthop::dump()),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |m| match m {
+                Rtnl::NewNexthop(n) => nexthop::nexthop(&n),
+                _ => None,
+            },
+        )
+        .await
+        .map_err(|f| f.into_error("listing", "nexthops"))
+    }
+
+    /// The nexthop `id`, or None (also when it is a kind [`Nexthop`] does not model).
+    pub async fn nexthop(&self, id: u32) -> Result<Option<Nexthop>> {
+        let r = self
+            .exchange(
+                Rtnl::GetNexthop(nexthop::by_id(id)),
+                NLM_F_REQUEST,
+                |m| match m {
+                    Rtnl::NewNexthop(n) => nexthop::nexthop(&n),
+                    _ => None,
+                },
+            )
+            .await;
+        match r {
+            Ok(mut found) => Ok(found.pop()),
+            Err(Fail::Errno(Errno::ENOENT)) => Ok(None),
+            Err(f) => Err(f.into_error("looking up nexthop", id)),
+        }
+    }
+
+    /// Sets the nexthop, replacing what has its id in place (the routes through it stay and
+    /// follow); false when it was already exactly so.
+    pub async fn set_nexthop(&self, nh: &Nexthop) -> Result<bool> {
+        if self.nexthop(nh.id).await?.is_some_and(|have| have == *nh) {
+            return Ok(false);
+        }
+        self.ack(
+            Rtnl::NewNexthop(nexthop::message(nh)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
+        .map_err(|f| f.into_error("setting nexthop", nexthop_name(nh)))?;
+        Ok(true)
+    }
+
+    /// Deletes the nexthop `id`, and with it every route through it; false when there was
+    /// none.
+    pub async fn delete_nexthop(&self, id: u32) -> Result<bool> {
+        let r = self.ack(Rtnl::DelNexthop(nexthop::by_id(id)), 0).await;
+        changed(r, &[Errno::ENOENT], "deleting nexthop", id)
+    }
+
     // ---- Neighbours ----
 
     /// The neighbour entries (both families) of `device`.
@@ -966,13 +1060,18 @@ pub enum Write<'a> {
     /// Sets the entry for the MAC to the one destination given.
     SetFdb(&'a FdbEntry),
     DeleteFdb(&'a FdbEntry),
+    /// Sets the nexthop, replacing what has its id in place. Put it before the routes that
+    /// go through it: the kernel refuses a route through a nexthop it does not have.
+    SetNexthop(&'a Nexthop),
+    /// Deletes the nexthop of this id, and with it every route through it.
+    DeleteNexthop(u32),
 }
 
 impl Write<'_> {
     /// The request and its flags beyond REQUEST and ACK.
-    fn message(&self) -> (RouteNetlinkMessage, u16) {
+    fn message(&self) -> (Rtnl, u16) {
         let set = NLM_F_CREATE | NLM_F_REPLACE;
-        match *self {
+        let (msg, flags) = match *self {
             Write::SetRoute(r) => (
                 RouteNetlinkMessage::NewRoute(parse::route_message(r, RouteProtocol::Boot)),
                 set,
@@ -988,7 +1087,10 @@ impl Write<'_> {
                 set,
             ),
             Write::DeleteFdb(e) => (RouteNetlinkMessage::DelNeighbour(parse::fdb_message(e)), 0),
-        }
+            Write::SetNexthop(nh) => return (Rtnl::NewNexthop(nexthop::message(nh)), set),
+            Write::DeleteNexthop(id) => return (Rtnl::DelNexthop(nexthop::by_id(id)), 0),
+        };
+        (msg.into(), flags)
     }
 
     fn op(&self) -> &'static str {
@@ -999,6 +1101,8 @@ impl Write<'_> {
             Write::DeleteNeighbour(_) => "deleting neighbour",
             Write::SetFdb(_) => "setting the forwarding entry",
             Write::DeleteFdb(_) => "deleting the forwarding entry",
+            Write::SetNexthop(_) => "setting nexthop",
+            Write::DeleteNexthop(_) => "deleting nexthop",
         }
     }
 
@@ -1008,6 +1112,8 @@ impl Write<'_> {
             Write::SetNeighbour(n) => neighbour_name(n),
             Write::DeleteNeighbour(n) => format!("{} on link {}", n.ip, n.device),
             Write::SetFdb(e) | Write::DeleteFdb(e) => fdb_name(e),
+            Write::SetNexthop(nh) => nexthop_name(nh),
+            Write::DeleteNexthop(id) => id.to_string(),
         }
     }
 
@@ -1015,7 +1121,9 @@ impl Write<'_> {
     fn quiet(&self, errno: Errno) -> bool {
         match self {
             Write::DeleteRoute(_) => errno == Errno::ESRCH,
-            Write::DeleteNeighbour(_) | Write::DeleteFdb(_) => errno == Errno::ENOENT,
+            Write::DeleteNeighbour(_) | Write::DeleteFdb(_) | Write::DeleteNexthop(_) => {
+                errno == Errno::ENOENT
+            }
             _ => false,
         }
     }
@@ -1076,10 +1184,23 @@ fn route_name(r: &Route) -> String {
     if r.onlink {
         s += " onlink";
     }
+    if let Some(id) = r.nhid {
+        s += &format!(" nhid {id}");
+    }
     if r.table != MAIN_TABLE {
         s += &format!(" table {}", r.table);
     }
     s
+}
+
+fn nexthop_name(nh: &Nexthop) -> String {
+    format!(
+        "id {} via {} dev {}{}",
+        nh.id,
+        nh.gateway,
+        nh.device,
+        if nh.onlink { " onlink" } else { "" }
+    )
 }
 
 fn neighbour_name(n: &Neighbour) -> String {

@@ -5,6 +5,7 @@
 
 mod conn;
 mod events;
+mod nexthop;
 mod parse;
 mod sync;
 
@@ -196,7 +197,8 @@ impl AddressInfo {
     }
 }
 
-/// A route of one table.
+/// A route of one table: either through a gateway and/or a device of its own, or through a
+/// nexthop object (`nhid`), which then holds the gateway and the device.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Route {
     pub dst: IpNetwork,
@@ -207,6 +209,9 @@ pub struct Route {
     pub onlink: bool,
     /// The routing table (254 is main).
     pub table: u32,
+    /// The nexthop object the route goes through. Such a route has no `gw`, `oif` or
+    /// `onlink` of its own: read back, those the kernel repeats from the nexthop are left out.
+    pub nhid: Option<u32>,
 }
 
 /// The main routing table.
@@ -221,12 +226,55 @@ impl Route {
             oif,
             onlink: false,
             table: MAIN_TABLE,
+            nhid: None,
+        }
+    }
+
+    /// A route of the main table through the nexthop object `id`.
+    pub fn via_nexthop(dst: IpNetwork, id: u32) -> Route {
+        Route {
+            nhid: Some(id),
+            ..Route::new(dst, None, None)
         }
     }
 
     pub fn onlink(mut self) -> Route {
         self.onlink = true;
         self
+    }
+}
+
+/// A nexthop object (kernel 5.3 and later): a gateway on a device, kept once and named by
+/// its id in any number of routes (`ip nexthop add id 7 via 10.5.3.0 dev flannel.1 onlink`,
+/// then `ip route add 10.5.3.0/24 nhid 7`). Deleting it deletes the routes through it.
+/// Groups, blackholes and FDB nexthops are not modelled: listings leave them out.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Nexthop {
+    /// 1 to 2^32-1, chosen by whoever makes it.
+    pub id: u32,
+    /// Its family is the nexthop's.
+    pub gateway: IpAddr,
+    pub device: u32,
+    /// Reach the gateway on `device` even though no route says it is there.
+    pub onlink: bool,
+    /// Who made it, as routes mark it (`RTPROT_*`: [`PROTOCOL_BOOT`] is what `ip` writes).
+    pub protocol: u8,
+}
+
+/// RTPROT_BOOT: the protocol `ip route` and `ip nexthop` mark their entries with by default,
+/// and that this module writes routes with.
+pub const PROTOCOL_BOOT: u8 = 3;
+
+impl Nexthop {
+    /// A gateway reached on `device` without a route to it (an overlay's peer), marked boot.
+    pub fn onlink(id: u32, gateway: IpAddr, device: u32) -> Nexthop {
+        Nexthop {
+            id,
+            gateway,
+            device,
+            onlink: true,
+            protocol: PROTOCOL_BOOT,
+        }
     }
 }
 

@@ -143,15 +143,22 @@ pub(super) fn route(r: &RouteMessage) -> Option<Route> {
         return None;
     }
     let mut table = u32::from(r.header.table);
-    let (mut dst, mut gw, mut oif) = (None, None, None);
+    let (mut dst, mut gw, mut oif, mut nhid) = (None, None, None, None);
     for a in &r.attributes {
         match a {
             RouteAttribute::Destination(d) => dst = route_ip(d),
             RouteAttribute::Gateway(g) => gw = route_ip(g),
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::NhId(id) => nhid = Some(*id),
             _ => {}
         }
+    }
+    // The kernel repeats the nexthop's gateway and device (net.ipv4.nexthop_compat_mode):
+    // they are the nexthop's, not the route's.
+    let onlink = nhid.is_none() && r.header.flags.contains(RouteFlags::Onlink);
+    if nhid.is_some() {
+        (gw, oif) = (None, None);
     }
     let dst = match (dst, r.header.address_family) {
         (Some(d), _) => d,
@@ -163,8 +170,9 @@ pub(super) fn route(r: &RouteMessage) -> Option<Route> {
         dst: IpNetwork::new(dst, r.header.destination_prefix_length).ok()?,
         gw,
         oif,
-        onlink: r.header.flags.contains(RouteFlags::Onlink),
+        onlink,
         table,
+        nhid,
     })
 }
 
@@ -200,6 +208,9 @@ pub(super) fn route_message(r: &Route, protocol: RouteProtocol) -> RouteMessage 
     }
     if let Some(oif) = r.oif {
         m.attributes.push(RouteAttribute::Oif(oif));
+    }
+    if let Some(id) = r.nhid {
+        m.attributes.push(RouteAttribute::NhId(id));
     }
     m
 }
@@ -334,6 +345,17 @@ mod tests {
             ..Route::new("10.0.0.0/8".parse().unwrap(), None, Some(1))
         };
         assert_eq!(route(&route_message(&big, RouteProtocol::Boot)), Some(big));
+        let through = Route::via_nexthop("fd00:5::/64".parse().unwrap(), 70_000);
+        let mut m = route_message(&through, RouteProtocol::Boot);
+        assert_eq!(m.header.scope, RouteScope::Universe);
+        assert_eq!(route(&m), Some(through.clone()));
+        // As a dump shows it: with the nexthop's gateway, device and flags repeated.
+        m.header.flags |= RouteFlags::Onlink;
+        m.attributes.push(RouteAttribute::Gateway(route_address(
+            "fd00:5::".parse().unwrap(),
+        )));
+        m.attributes.push(RouteAttribute::Oif(4));
+        assert_eq!(route(&m), Some(through));
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! blocking on another would panic), a call blocks on a thread of its own instead.
 
 use super::conn::Conn;
-use super::{AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Route, VethSpec, VxlanSpec};
+use super::{
+    AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec, VxlanSpec,
+};
 use crate::error::{Error, Result};
 use crate::netns::Netns;
 use ipnetwork::IpNetwork;
@@ -175,6 +177,16 @@ blocking! {
     fn delete_route(&self, route: &Route) -> bool;
     /// Deletes many routes, pipelined; false for each that was not there.
     fn delete_routes(&self, routes: &[Route]) -> Vec<bool>;
+    /// Whether the kernel has nexthop objects.
+    fn supports_nexthops(&self) -> bool;
+    /// Every nexthop object that is a gateway on a device.
+    fn nexthops(&self) -> Vec<Nexthop>;
+    /// The nexthop `id`, or None.
+    fn nexthop(&self, id: u32) -> Option<Nexthop>;
+    /// Sets the nexthop in place; false when it was already exactly so.
+    fn set_nexthop(&self, nh: &Nexthop) -> bool;
+    /// Deletes the nexthop and the routes through it; false when there was none.
+    fn delete_nexthop(&self, id: u32) -> bool;
     /// The neighbour entries of `device`.
     fn neighbours(&self, device: u32) -> Vec<Neighbour>;
     /// The entry for `ip` on `device`, or None.
