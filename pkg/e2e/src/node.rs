@@ -5,7 +5,7 @@
 use crate::plugins::PluginSet;
 use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tempfile::TempDir;
@@ -16,6 +16,11 @@ pub const FLANNEL_NETWORK: &str = "10.244.0.0/16";
 pub const FLANNEL_MTU: u32 = 1450;
 /// The node's own address (on `lo` of its host namespace): where a mapped port is reached.
 pub const NODE_ADDR: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+/// A dual-stack node's: the cluster's IPv6 network, node `n` owning fd00:244:0:n::/64, the MTU
+/// our flanneld writes beside it (vxlan over IPv6 takes 70 bytes), the node's own IPv6 address.
+pub const FLANNEL_IPV6_NETWORK: &str = "fd00:244::/48";
+pub const FLANNEL_MTU_DUAL_STACK: u32 = 1430;
+pub const NODE_ADDR6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 const CONFLIST: &str = "10-flannel.conflist";
@@ -27,6 +32,7 @@ pub struct Node {
     pub ns: TestNs,
     n: u8,
     network: String,
+    ipv6: bool,
     cgroup_parent: String,
     // Last: removed after the namespace, when nothing can be using it any more.
     dir: TempDir,
@@ -35,8 +41,21 @@ pub struct Node {
 impl Node {
     /// A node numbered `n` (its FLANNEL_SUBNET is 10.244.n.1/24) running `set` on `conflist`.
     pub fn new(prefix: &str, set: PluginSet, n: u8, conflist: &Value) -> Node {
+        Node::build(prefix, set, n, conflist, false)
+    }
+
+    /// As `new`, with IPv6 beside IPv4: FLANNEL_IPV6_SUBNET fd00:244:0:n::1/64 in subnet.env
+    /// and NODE_ADDR6 on the node.
+    pub fn dual_stack(prefix: &str, set: PluginSet, n: u8, conflist: &Value) -> Node {
+        Node::build(prefix, set, n, conflist, true)
+    }
+
+    fn build(prefix: &str, set: PluginSet, n: u8, conflist: &Value, ipv6: bool) -> Node {
         let ns = TestNs::new(prefix);
         ns.ip(&["addr", "add", &format!("{NODE_ADDR}/32"), "dev", "lo"]);
+        if ipv6 {
+            ns.ip(&["addr", "add", &format!("{NODE_ADDR6}/128"), "dev", "lo"]);
+        }
         let dir = tempfile::Builder::new()
             .prefix("e2e-")
             .tempdir()
@@ -59,6 +78,7 @@ impl Node {
             ns,
             n,
             network,
+            ipv6,
             dir,
         };
         std::fs::write(node.path("run-flannel/subnet.env"), node.subnet_env()).unwrap();
@@ -82,10 +102,25 @@ impl Node {
 
     /// The subnet.env flanneld would have written for this node.
     pub fn subnet_env(&self) -> String {
-        format!(
-            "FLANNEL_NETWORK={FLANNEL_NETWORK}\nFLANNEL_SUBNET={}/24\nFLANNEL_MTU={FLANNEL_MTU}\nFLANNEL_IPMASQ=true\n",
+        let mut env = format!(
+            "FLANNEL_NETWORK={FLANNEL_NETWORK}\nFLANNEL_SUBNET={}/24\n",
             self.gateway()
-        )
+        );
+        if let Some(gw6) = self.gateway6() {
+            env += &format!(
+                "FLANNEL_IPV6_NETWORK={FLANNEL_IPV6_NETWORK}\nFLANNEL_IPV6_SUBNET={gw6}/64\n"
+            );
+        }
+        env + &format!("FLANNEL_MTU={}\nFLANNEL_IPMASQ=true\n", self.mtu())
+    }
+
+    /// FLANNEL_MTU.
+    pub fn mtu(&self) -> u32 {
+        if self.ipv6 {
+            FLANNEL_MTU_DUAL_STACK
+        } else {
+            FLANNEL_MTU
+        }
     }
 
     /// The bridge's address, FLANNEL_SUBNET's first host.
@@ -93,10 +128,32 @@ impl Node {
         Ipv4Addr::new(10, 244, self.n, 1)
     }
 
+    /// The bridge's IPv6 address, FLANNEL_IPV6_SUBNET's first host, on a dual-stack node.
+    pub fn gateway6(&self) -> Option<Ipv6Addr> {
+        self.ipv6
+            .then(|| Ipv6Addr::new(0xfd00, 0x244, 0, u16::from(self.n), 0, 0, 0, 1))
+    }
+
     /// Whether `ip` is a pod address of FLANNEL_SUBNET (not the network, gateway or broadcast).
     pub fn is_pod_address(&self, ip: Ipv4Addr) -> bool {
         let [a, b, c, d] = ip.octets();
         (a, b, c) == (10, 244, self.n) && d > 1 && d < 255
+    }
+
+    /// Whether `ip` is a pod address of FLANNEL_IPV6_SUBNET (not the network or the gateway).
+    pub fn is_pod_address6(&self, ip: Ipv6Addr) -> bool {
+        let s = ip.segments();
+        let host =
+            u64::from(s[4]) << 48 | u64::from(s[5]) << 32 | u64::from(s[6]) << 16 | u64::from(s[7]);
+        self.ipv6 && s[..4] == [0xfd00, 0x244, 0, u16::from(self.n)] && host > 1
+    }
+
+    /// The node's own address of `ip`'s family, where a mapped port is reached.
+    pub fn address_like(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => NODE_ADDR.into(),
+            IpAddr::V6(_) => NODE_ADDR6.into(),
+        }
     }
 
     /// A cgroup parent only this node uses, removed with the node.
@@ -106,9 +163,9 @@ impl Node {
 
     /// GET http://addr:port/ from the node's host namespace; the body. Connection refusals are
     /// retried for a few seconds: a container's server may not be listening yet when it starts.
-    pub fn http_get(&self, addr: Ipv4Addr, port: u16) -> Result<String, String> {
+    pub fn http_get(&self, addr: impl Into<IpAddr>, port: u16) -> Result<String, String> {
         let ns = std::fs::File::open(self.ns.path()).map_err(|e| e.to_string())?;
-        let target = SocketAddr::from((addr, port));
+        let target = SocketAddr::from((addr.into(), port));
         // setns affects only the calling thread, so the request gets a thread of its own.
         std::thread::spawn(move || {
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)

@@ -22,7 +22,8 @@ pub struct Session {
 impl Session {
     /// Runs the prelude and `script` as root in `node`'s host network namespace and a new
     /// private mount namespace. `vars` are exported to the script, with WORK (the node's
-    /// directory), NETWORK (the conflist's name), GATEWAY and CGROUP_PARENT.
+    /// directory), NETWORK (the conflist's name), GATEWAY, GATEWAY6 on a dual-stack node, and
+    /// CGROUP_PARENT.
     pub fn start(node: &Node, script: &str, vars: &[(&str, &str)]) -> Session {
         let path = node.path("session.sh");
         std::fs::write(&path, format!("{PRELUDE}\n{script}")).unwrap();
@@ -37,6 +38,7 @@ impl Session {
             .env("NETWORK", node.network())
             .env("GATEWAY", node.gateway().to_string())
             .env("CGROUP_PARENT", node.cgroup_parent())
+            .envs(node.gateway6().map(|gw| ("GATEWAY6", gw.to_string())))
             .envs(vars.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

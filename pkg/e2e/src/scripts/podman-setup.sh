@@ -31,7 +31,8 @@ export CONTAINERS_CONF=$P/containers.conf CONTAINERS_STORAGE_CONF=$P/storage.con
 trap 'podman rm --all --force --time 0 >/dev/null 2>&1' EXIT
 
 # start_web NAME HOST_PORT: runs container NAME from ROOTFS serving HTTP on PORT, published on
-# HOST_PORT, and looks at its network from inside (steps run, inspect, addr, link, routes, ping).
+# HOST_PORT, and looks at its network from inside (steps run, inspect, addr, link, routes, ping;
+# with GATEWAY6 set, also inspect6, addr6, routes6, ping6).
 start_web() {
     step run podman run --detach --name "$1" --network "$NETWORK" \
         --cgroup-parent "$CGROUP_PARENT" --publish "$2:$PORT" --rootfs "$ROOTFS" \
@@ -41,4 +42,10 @@ start_web() {
     step link podman exec "$1" ip -o link show dev eth0
     step routes podman exec "$1" ip -4 route show
     step ping podman exec "$1" ping -c 1 -W 2 "$GATEWAY"
+    if [ -n "${GATEWAY6:-}" ]; then
+        step inspect6 podman inspect --format '{{range .NetworkSettings.Networks}}{{.GlobalIPv6Address}}{{end}}' "$1"
+        step addr6 podman exec "$1" ip -o -6 addr show dev eth0 scope global
+        step routes6 podman exec "$1" ip -6 route show
+        step ping6 podman exec "$1" ping -c 1 -W 2 "$GATEWAY6"
+    fi
 }
