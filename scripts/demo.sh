@@ -4,15 +4,18 @@
 # flanneld on each (embedded registry, or with --etcd a real etcd started in the underlay),
 # makes two pods per node through the plugins of the stock 10-flannel.conflist, has every pod
 # ping every other and talk TCP across nodes, prints what each node holds, and tears it all
-# down (--keep leaves it up and prints the command that removes it). Everything happens in
-# namespaces this script creates; the root namespace is never touched.
+# down (--keep leaves it up and prints the command that removes it). With --dual-stack the
+# underlay, the network and every pod have IPv6 beside IPv4, and each family gets its own ping
+# table and TCP check. Everything happens in namespaces this script creates; the root namespace
+# is never touched.
 set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: $0 [--etcd] [--backend vxlan|host-gw] [--keep] [--no-build | --debug]
+usage: $0 [--etcd] [--backend vxlan|host-gw] [--dual-stack] [--keep] [--no-build | --debug]
   --etcd        leases in a real etcd started in the underlay namespace (default: the embedded registry)
   --backend B   the network's backend (default vxlan)
+  --dual-stack  IPv6 beside IPv4: on the underlay, in the network config, in every pod
   --keep        leave the cluster up and print the command that tears it down
   --no-build    install the release binaries target/ already holds
   --debug       build and install debug binaries (quicker to build than release)
@@ -21,12 +24,14 @@ USAGE
 
 use_etcd=0
 backend=vxlan
+dual=0
 keep=0
 build=release
 while [ $# -gt 0 ]; do
     case "$1" in
         --etcd) use_etcd=1; shift ;;
         --backend) backend=${2:?--backend needs vxlan or host-gw}; shift 2 ;;
+        --dual-stack) dual=1; shift ;;
         --keep) keep=1; shift ;;
         --no-build) build=none; shift ;;
         --debug) build=debug; shift ;;
@@ -43,6 +48,10 @@ id=$$
 net=192.168.50
 underlay=demo-underlay-$id
 network=10.244.0.0/16
+# --dual-stack: the underlay's IPv6 prefix (node n is $net6::n, the underlay $net6::fe) and the
+# cluster's IPv6 network.
+net6=fd00:50:
+network6=fd10:244::/48
 nodes=(1 2 3)
 pods_per_node=(1 2)
 namespaces=()
@@ -125,9 +134,14 @@ portmap_conf() {
 
 # subnet.env's value of $2 on node $1.
 env_of() { sed -n "s/^$2=//p" "$prefix/node$1/subnet.env"; }
-# The lease key (10.244.5.0-24) of node $1, from its FLANNEL_SUBNET.
-lease_of() { env_of "$1" FLANNEL_SUBNET | sed 's/\.[0-9]*\/\([0-9]*\)$/.0-\1/'; }
+# Node $1's IPv4 subnet key (10.244.5.0-24), from its FLANNEL_SUBNET.
+subnet_of() { env_of "$1" FLANNEL_SUBNET | sed 's/\.[0-9]*\/\([0-9]*\)$/.0-\1/'; }
+# Node $1's IPv6 subnet key (fd10:244:0:5::-64), from its FLANNEL_IPV6_SUBNET.
+subnet6_of() { env_of "$1" FLANNEL_IPV6_SUBNET | sed 's/::1\/\([0-9]*\)$/::-\1/'; }
+# The lease key: 10.244.5.0-24, or 10.244.5.0-24&fd10:244:0:5::-64 with both families.
+lease_of() { if [ "$dual" = 1 ]; then echo "$(subnet_of "$1")&$(subnet6_of "$1")"; else subnet_of "$1"; fi; }
 pod_ip() { ip -n "$(pod_ns "$1" "$2")" -4 -o addr show eth0 2>/dev/null | awk '{print $4}' | cut -d/ -f1; }
+pod_ip6() { ip -n "$(pod_ns "$1" "$2")" -6 -o addr show eth0 scope global 2>/dev/null | awk '{print $4}' | cut -d/ -f1; }
 
 step "packages: $top/scripts/deps.sh demo"
 "$top/scripts/deps.sh" demo
@@ -159,6 +173,7 @@ step "the underlay: namespace $underlay with bridge br0 at $net.254/24"
 add_ns "$underlay"
 in_underlay ip link add br0 type bridge
 in_underlay ip addr add "$net.254/24" dev br0
+[ "$dual" = 1 ] && in_underlay ip addr add "${net6}:fe/64" dev br0 nodad
 in_underlay ip link set br0 up
 
 step "three nodes, each a namespace whose eth0 is plugged into the underlay's bridge"
@@ -174,9 +189,17 @@ for n in "${nodes[@]}"; do
     in_node "$n" ip route add default via "$net.254" dev eth0
     in_node "$n" sysctl -qw net.ipv4.ip_forward=1
     printf '    node %s: %s, eth0 %s.%s/24, default via %s.254\n' "$n" "$ns" "$net" "$n" "$net"
+    if [ "$dual" = 1 ]; then
+        # flanneld needs an IPv6 address on the external interface for the IPv6 half.
+        in_node "$n" ip addr add "${net6}:$n/64" dev eth0 nodad
+        in_node "$n" ip -6 route add default via "${net6}:fe" dev eth0
+        in_node "$n" sysctl -qw net.ipv6.conf.all.forwarding=1
+        printf '    node %s: eth0 also %s:%s/64, default via %s:fe\n' "$n" "$net6" "$n" "$net6"
+    fi
 done
 
 config="{\"Network\":\"$network\",\"Backend\":{\"Type\":\"$backend\"}}"
+[ "$dual" = 1 ] && config="{\"Network\":\"$network\",\"EnableIPv6\":true,\"IPv6Network\":\"$network6\",\"Backend\":{\"Type\":\"$backend\"}}"
 if [ "$use_etcd" = 1 ]; then
     etcd_url="http://$net.254:2379"
     step "the registry: etcd in the underlay at $etcd_url, holding the network config"
@@ -210,19 +233,33 @@ for n in "${nodes[@]}"; do
     [ -s "$prefix/node$n/subnet.env" ] || { cat "$prefix/node$n/flanneld.log" >&2; fail "node $n: flanneld wrote no subnet.env within 15 s"; }
     printf '    node %s: lease %s, FLANNEL_MTU=%s\n' "$n" "$(lease_of "$n")" "$(env_of "$n" FLANNEL_MTU)"
 done
+if [ "$dual" = 1 ] && [ "$backend" = vxlan ]; then
+    # vxlan over IPv6 carries 20 bytes more of headers: flannel-v6.1 gets 70 less than eth0 and
+    # FLANNEL_MTU the smaller of the two devices' (flanneld takes 50 off both).
+    mtu_of() { in_node 1 ip -o link show "$1" | sed -n 's/.* mtu \([0-9]*\).*/\1/p'; }
+    printf '    node 1: eth0 mtu %s, flannel.1 mtu %s, flannel-v6.1 mtu %s\n' \
+        "$(mtu_of eth0)" "$(mtu_of flannel.1)" "$(mtu_of flannel-v6.1)"
+fi
 # Every node has a route to every other node's subnet before any pod talks.
 for n in "${nodes[@]}"; do
     for m in "${nodes[@]}"; do
         [ "$n" = "$m" ] && continue
-        dst=$(lease_of "$m" | tr - /)
-        for _ in $(seq 100); do [ -n "$(in_node "$n" ip route show "$dst")" ] && break; sleep 0.1; done
-        [ -n "$(in_node "$n" ip route show "$dst")" ] || {
-            tail -n 20 "$prefix/node$n/flanneld.log" >&2
-            fail "node $n: no route to node $m's subnet $dst within 10 s"
-        }
+        dsts=("$(subnet_of "$m" | tr - /)")
+        [ "$dual" = 1 ] && dsts+=("$(subnet6_of "$m" | tr - /)")
+        for dst in "${dsts[@]}"; do
+            family=-4
+            [[ $dst == *:* ]] && family=-6
+            for _ in $(seq 100); do [ -n "$(in_node "$n" ip "$family" route show "$dst")" ] && break; sleep 0.1; done
+            [ -n "$(in_node "$n" ip "$family" route show "$dst")" ] || {
+                tail -n 20 "$prefix/node$n/flanneld.log" >&2
+                fail "node $n: no route to node $m's subnet $dst within 10 s"
+            }
+        done
     done
     printf '    node %s: routes to the other nodes: %s\n' "$n" \
         "$(in_node "$n" ip route show root "$network" | grep -v ' dev cni0' | awk '{print $1}' | paste -sd' ')"
+    [ "$dual" = 1 ] && printf '    node %s: IPv6 routes to the other nodes: %s\n' "$n" \
+        "$(in_node "$n" ip -6 route show root "$network6" | grep -v ' dev cni0' | awk '{print $1}' | paste -sd' ')"
 done
 
 step "two pods per node: loopback, flannel (-> bridge -> host-local) and portmap, as a runtime runs them"
@@ -235,31 +272,51 @@ for n in "${nodes[@]}"; do
         cni "$n" ADD portmap "$pod" "/run/netns/$pod" eth0 "$(portmap_conf "$(mappings_of "$n" "$k")" "$result")" >/dev/null
         mtu=$(ip -n "$pod" -o link show eth0 2>/dev/null | sed -n 's/.* mtu \([0-9]*\).*/\1/p')
         [ "$mtu" = "$(env_of "$n" FLANNEL_MTU)" ] || fail "node $n: pod $pod has MTU $mtu, FLANNEL_MTU is $(env_of "$n" FLANNEL_MTU)"
-        printf '    node %s pod %s: %s, mtu %s (%s)\n' "$n" "$k" "$(pod_ip "$n" "$k")" "$mtu" "$pod"
+        printf '    node %s pod %s: %s, mtu %s (%s)\n' "$n" "$k" "$(pod_ip "$n" "$k") $(pod_ip6 "$n" "$k")" "$mtu" "$pod"
     done
 done
 
-step "every pod pings every other pod (one echo each, 2 s to answer)"
+# ping_table ADDR_OF: every pod pings every other pod's address (ADDR_OF node pod prints it)
+# and prints a table; failures go into $failed.
+ping_table() {
+    local addr_of=$1 from to
+    printf '    %-14s' "from \\ to"
+    for to in "${all[@]}"; do printf '%-9s' "n${to%:*}p${to#*:}"; done
+    echo
+    for from in "${all[@]}"; do
+        printf '    %-14s' "n${from%:*}p${from#*:}"
+        for to in "${all[@]}"; do
+            if [ "$from" = "$to" ]; then printf '%-9s' "-"; continue; fi
+            local dst
+            dst=$("$addr_of" "${to%:*}" "${to#*:}")
+            # IPv6: the first pod's gateway on a fresh bridge may still be in duplicate address
+            # detection for a second or so; one retry covers it.
+            if ip netns exec "$(pod_ns "${from%:*}" "${from#*:}")" busybox ping -c 1 -W 2 "$dst" >/dev/null 2>&1 ||
+                ip netns exec "$(pod_ns "${from%:*}" "${from#*:}")" busybox ping -c 1 -W 2 "$dst" >/dev/null 2>&1; then
+                printf '%-9s' "ok"
+            else
+                printf '%-9s' "LOST"
+                failed+=("node ${from%:*} pod ${from#*:} -> node ${to%:*} pod ${to#*:} ($dst)")
+            fi
+        done
+        echo
+    done
+}
+
+if [ "$dual" = 1 ]; then
+    step "every pod pings every other pod, over IPv4 and over IPv6 (one echo each, 2 s to answer)"
+else
+    step "every pod pings every other pod (one echo each, 2 s to answer)"
+fi
 all=()
 for n in "${nodes[@]}"; do for k in "${pods_per_node[@]}"; do all+=("$n:$k"); done; done
-printf '    %-14s' "from \\ to"
-for to in "${all[@]}"; do printf '%-9s' "n${to%:*}p${to#*:}"; done
-echo
 failed=()
-for from in "${all[@]}"; do
-    printf '    %-14s' "n${from%:*}p${from#*:}"
-    for to in "${all[@]}"; do
-        if [ "$from" = "$to" ]; then printf '%-9s' "-"; continue; fi
-        if ip netns exec "$(pod_ns "${from%:*}" "${from#*:}")" busybox ping -c 1 -W 2 \
-            "$(pod_ip "${to%:*}" "${to#*:}")" >/dev/null 2>&1; then
-            printf '%-9s' "ok"
-        else
-            printf '%-9s' "LOST"
-            failed+=("node ${from%:*} pod ${from#*:} -> node ${to%:*} pod ${to#*:} ($(pod_ip "${to%:*}" "${to#*:}"))")
-        fi
-    done
-    echo
-done
+[ "$dual" = 1 ] && echo "    IPv4:"
+ping_table pod_ip
+if [ "$dual" = 1 ]; then
+    echo "    IPv6:"
+    ping_table pod_ip6
+fi
 [ ${#failed[@]} = 0 ] || fail "$(printf '%s\n' "no answer:" "${failed[@]}")"
 
 step "TCP: a web server in node 1's pod 1, reached from a pod on node 3 and through host port 8080 from node 2"
@@ -278,6 +335,19 @@ page=$(printf 'GET / HTTP/1.0\r\n\r\n' | in_node 2 socat -t 3 - "TCP:$net.1:8080
     fail "node 2: no answer from host port 8080 on node 1"
 [ -n "$page" ] || fail "node 2: host port 8080 on node 1 answered nothing"
 echo "    $page"
+if [ "$dual" = 1 ]; then
+    web6=$(pod_ip6 1 1)
+    printf '$ GET http://[%s]/ from node 3 pod 2\n' "$web6"
+    page=$(printf 'GET / HTTP/1.0\r\n\r\n' | ip netns exec "$(pod_ns 3 2)" socat -t 3 - "TCP6:[$web6]:80,connect-timeout=3" | tail -n 1) ||
+        fail "node 3: pod 2 could not connect to http://[$web6]/ on node 1's pod 1"
+    [ -n "$page" ] || fail "node 3: pod 2 got no answer from http://[$web6]/ on node 1's pod 1"
+    echo "    $page"
+    printf '$ GET http://[%s:1]:8080/ from node 2 (portmap on node 1 forwards it to the pod)\n' "$net6"
+    page=$(printf 'GET / HTTP/1.0\r\n\r\n' | in_node 2 socat -t 3 - "TCP6:[${net6}:1]:8080,connect-timeout=3" | tail -n 1) ||
+        fail "node 2: no answer from host port 8080 on node 1's IPv6 address"
+    [ -n "$page" ] || fail "node 2: host port 8080 on node 1's IPv6 address answered nothing"
+    echo "    $page"
+fi
 
 step "what each node holds: its lease, routes, neighbours and FDB entries"
 for n in "${nodes[@]}"; do
@@ -289,9 +359,14 @@ for n in "${nodes[@]}"; do
         printf '    lease %s: %s\n' "$key" "$(cat "$prefix/registry/subnets/$key")"
     fi
     show in_node "$n" ip route
+    [ "$dual" = 1 ] && show in_node "$n" ip -6 route show root "$network6"
     if in_node "$n" ip link show flannel.1 >/dev/null 2>&1; then
         show in_node "$n" ip neigh show dev flannel.1
         show in_node "$n" bridge fdb show dev flannel.1
+        if [ "$dual" = 1 ]; then
+            show in_node "$n" ip neigh show dev flannel-v6.1
+            show in_node "$n" bridge fdb show dev flannel-v6.1
+        fi
     else
         printf '    (no flannel.1: %s routes via the other nodes'"'"' addresses, no neighbours or FDB entries of its own)\n' "$backend"
     fi
