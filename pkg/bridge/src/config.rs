@@ -1,5 +1,6 @@
 //! The bridge config: every field of the Go plugin, its defaults, and the checks ADD makes.
 
+use cni_kernel::firewall::Backend;
 use cni_protocol::{decode, decode_lenient, gokeys, CniError, Dns};
 use serde::Deserialize;
 use serde_json::Value;
@@ -8,29 +9,6 @@ use serde_json::Value;
 pub const DEFAULT_BRIDGE: &str = "cni0";
 /// The highest VLAN ID a port can carry (4095 is reserved).
 pub const MAX_VLAN: u16 = 4094;
-
-/// Which tool writes the masquerade rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MasqBackend {
-    Iptables,
-    Nftables,
-}
-
-impl MasqBackend {
-    /// The configured backend, else the node's default: `iptables_is_default` (asked only then)
-    /// answers whether that is iptables, as the Go plugin decides it (iptables unless only
-    /// nftables is installed).
-    pub fn choose(
-        configured: Option<MasqBackend>,
-        iptables_is_default: impl FnOnce() -> bool,
-    ) -> MasqBackend {
-        match configured {
-            Some(b) => b,
-            None if iptables_is_default() => MasqBackend::Iptables,
-            None => MasqBackend::Nftables,
-        }
-    }
-}
 
 /// The config as ADD, DEL and CHECK use it, defaults applied.
 #[derive(Debug, Clone)]
@@ -43,8 +21,8 @@ pub struct NetConf {
     pub is_default_gateway: bool,
     pub force_address: bool,
     pub ip_masq: bool,
-    /// None: chosen by what the node has (see [`MasqBackend::choose`]).
-    pub masq_backend: Option<MasqBackend>,
+    /// None: chosen by what the node has (see [`Backend::choose`]).
+    pub masq_backend: Option<Backend>,
     pub mtu: Option<u32>,
     pub hairpin: bool,
     pub promisc: bool,
@@ -347,8 +325,8 @@ impl NetConf {
         };
         let masq_backend = match raw.ip_masq_backend.as_deref() {
             None => None,
-            Some("iptables") => Some(MasqBackend::Iptables),
-            Some("nftables") => Some(MasqBackend::Nftables),
+            Some("iptables") => Some(Backend::Iptables),
+            Some("nftables") => Some(Backend::Nftables),
             Some(other) => {
                 checked(Err(invalid(
                     "ipMasqBackend",
@@ -725,20 +703,5 @@ mod tests {
             .unwrap()
             .is_layer3());
         assert!(!parse(json!({"ipam": {}})).unwrap().is_layer3());
-    }
-
-    #[test]
-    fn backend_choice() {
-        use MasqBackend::*;
-        assert_eq!(MasqBackend::choose(None, || true), Iptables);
-        assert_eq!(MasqBackend::choose(None, || false), Nftables);
-        assert_eq!(
-            MasqBackend::choose(Some(Nftables), || panic!("not asked")),
-            Nftables
-        );
-        assert_eq!(
-            MasqBackend::choose(Some(Iptables), || panic!("not asked")),
-            Iptables
-        );
     }
 }

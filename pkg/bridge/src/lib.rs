@@ -10,7 +10,7 @@ pub mod gateway;
 pub mod masq;
 pub mod spoofchk;
 
-pub use config::{MasqBackend, NetConf};
+pub use config::NetConf;
 pub use masq::IpFamily;
 
 use ipnetwork::IpNetwork;

@@ -11,20 +11,7 @@ use std::net::IpAddr;
 /// Kubernetes uses mark bits 14 and 15, Calico 20 to 31.
 pub const DEFAULT_MARK_BIT: i64 = 13;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Iptables,
-    Nftables,
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Iptables => "iptables",
-            Backend::Nftables => "nftables",
-        }
-    }
-}
+pub use cni_kernel::firewall::Backend;
 
 /// Ordered as the Go plugin sorts protocol names, which orders its multiport rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -291,10 +278,7 @@ impl Config {
             }
         }
         if !foreign.is_empty() {
-            let other = match backend {
-                Backend::Iptables => Backend::Nftables,
-                Backend::Nftables => Backend::Iptables,
-            };
+            let other = backend.other();
             return Err(bad(format!(
                 "the {} backend is in use but the config holds {}-specific options [{}]",
                 backend.as_str(),

@@ -2,10 +2,9 @@
 //! container its address (`prevResult`), with the Go plugin's chains so that either
 //! implementation removes the other's rules.
 
-mod backend;
-
-use cni_kernel::firewall::Family;
+use cni_kernel::firewall::{self, Backend, Family};
 use cni_kernel::{conntrack, procsys, Netlink};
+use cni_portmap::rules::{Check, Forward, Mappings, Unforward};
 use cni_portmap::{host_interface, Config, ContainerAddrs, Protocol};
 use cni_protocol::{CniError, CniResult, Plugin, Request};
 use std::net::IpAddr;
@@ -13,7 +12,38 @@ use std::net::IpAddr;
 struct Portmap;
 
 fn load_config(req: &Request) -> Result<Config, CniError> {
-    Config::parse(&req.config, &req.name, backend::default_backend)
+    Config::parse(&req.config, &req.name, || Backend::choose(None))
+}
+
+/// Forwards the container's ports to each of its addresses, reading and writing under the
+/// host's rules lock; a half-written ADD (one family's rules in) is taken out again.
+fn forward(conf: &Config, container_id: &str, addrs: &ContainerAddrs) -> Result<(), CniError> {
+    let forward = Forward(Mappings {
+        conf,
+        container_id,
+        addrs,
+    });
+    let written = firewall::with_rules_lock(|| conf.backend.write(&forward));
+    if written.is_err() && conf.backend.tools(&forward_families(addrs)).len() > 1 {
+        if let Err(e) = unforward(conf.backend, &conf.network, container_id) {
+            eprintln!("removing the rules of the failed ADD: {e}");
+        }
+    }
+    written.map(drop)
+}
+
+fn forward_families(addrs: &ContainerAddrs) -> Vec<Family> {
+    addrs.iter().map(|a| Family::of(&a)).collect()
+}
+
+/// Removes the container's rules from `backend`.
+fn unforward(backend: Backend, network: &str, container_id: &str) -> Result<(), CniError> {
+    let del = Unforward {
+        network,
+        container_id,
+    };
+    firewall::with_rules_lock(|| backend.remove(&del))?.warn_on_stderr();
+    Ok(())
 }
 
 /// The host interface the container is reached through: the one prevResult names, else the
@@ -83,8 +113,8 @@ impl Plugin for Portmap {
                 allow_localhost_sources(&dev)?;
             }
         }
-        backend::of(&conf).forward(&conf, &req.env.container_id, &addrs)?;
-        forget_udp_flows(&conf, addrs.iter().map(backend::family));
+        forward(&conf, &req.env.container_id, &addrs)?;
+        forget_udp_flows(&conf, forward_families(&addrs));
         Ok(prev)
     }
 
@@ -94,7 +124,7 @@ impl Plugin for Portmap {
             // Without mappings ADD made nothing, as in the Go plugin.
             Ok(conf) if conf.mappings.is_empty() => Ok(()),
             Ok(conf) => {
-                backend::of(&conf).unforward(&conf.network, id)?;
+                unforward(conf.backend, &conf.network, id)?;
                 // DEL below 0.4.0 has no prevResult to tell the container's families.
                 forget_udp_flows(&conf, [Family::V4, Family::V6]);
                 Ok(())
@@ -103,7 +133,12 @@ impl Plugin for Portmap {
             // use must not keep them, nor stop the runtime from running the rest of the chain.
             Err(e) => {
                 eprintln!("DEL ignores a config it cannot use ({e}): removing container {id}'s rules from every backend");
-                backend::unforward_everywhere(&req.name, id)
+                let del = Unforward {
+                    network: &req.name,
+                    container_id: id,
+                };
+                firewall::with_rules_lock(|| firewall::remove_everywhere(&del))?.warn_on_stderr();
+                Ok(())
             }
         }
     }
@@ -117,7 +152,12 @@ impl Plugin for Portmap {
             return Ok(());
         }
         let addrs = ContainerAddrs::from_result(&prev, &req.env.ifname);
-        backend::of(&conf).check(&conf, &req.env.container_id, &addrs)
+        let check = Check(Mappings {
+            conf: &conf,
+            container_id: &req.env.container_id,
+            addrs: &addrs,
+        });
+        conf.backend.plan(&check).map(drop)
     }
 }
 

@@ -1,7 +1,12 @@
-//! Firewall rules through one trait, [`RuleTool`], with an iptables and an nftables backend.
-//! Each operation writes one batch per tool (one `iptables-restore --noflush` document or one
-//! `nft -f` transaction), so that an ADD or DEL pays the nf_tables commit once; removal reads
-//! the current rules first so that it deletes exactly what is there, whoever wrote it.
+//! Firewall rules: the tools behind one trait, [`RuleTool`] (`iptables-restore` of a family,
+//! `nft`), and the driver over them ([`Backend`], [`Rules`]) through which every caller
+//! writes. Each operation writes one batch per tool (one `iptables-restore --noflush` document
+//! or one `nft -f` transaction), so that an ADD or DEL pays the nf_tables commit once; removal
+//! reads the current rules first so that it deletes exactly what is there, whoever wrote it.
+
+mod driver;
+
+pub use driver::{remove_everywhere, Backend, Batches, Removed, Rules, Writers};
 
 use crate::error::Error;
 use std::io::Write;
@@ -17,6 +22,14 @@ pub enum Family {
 }
 
 impl Family {
+    pub fn of(net: &ipnetwork::IpNetwork) -> Family {
+        if net.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+
     fn restore_cmd(self) -> &'static str {
         match self {
             Family::V4 => "iptables-restore",
@@ -336,103 +349,6 @@ where
         }
         first
     })
-}
-
-/// Times a removal is retried when another writer changed the rules between read and write.
-const ATTEMPTS: usize = 3;
-
-/// Removes rules of `table` in each of `families`, side by side, chosen from its current
-/// content: `plan` reads the `iptables-save -t <table>` text of a family and returns the
-/// document that deletes them (None: nothing). A family whose rules cannot be read (its
-/// iptables unusable) holds none to remove: warned on stderr, an error only when every family
-/// is unreadable.
-pub fn iptables_remove(
-    families: &[Family],
-    table: &str,
-    plan: impl Fn(Family, &str) -> Option<String> + Sync,
-) -> Result<(), Error> {
-    let unreadable = Mutex::new(Vec::new());
-    let (plan, unreadable_ref) = (&plan, &unreadable);
-    let jobs = families
-        .iter()
-        .map(|&family| {
-            move || match remove_in(family, table, |saved| plan(family, saved)) {
-                Err(Removal::Unreadable(e)) => {
-                    unreadable_ref
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(e);
-                    Ok(())
-                }
-                Err(Removal::Failed(e)) => Err(e),
-                Ok(()) => Ok(()),
-            }
-        })
-        .collect();
-    run_side_by_side(jobs)?;
-    let mut unreadable = unreadable.into_inner().unwrap_or_else(|e| e.into_inner());
-    if !unreadable.is_empty() && unreadable.len() == families.len() {
-        return Err(unreadable
-            .swap_remove(0)
-            .context("no iptables family is usable to remove the rules"));
-    }
-    for e in unreadable {
-        eprintln!("warning: taking no rules to remove there: {e}");
-    }
-    Ok(())
-}
-
-enum Removal {
-    /// `iptables-save` failed before anything was written.
-    Unreadable(Error),
-    Failed(Error),
-}
-
-fn remove_in(
-    family: Family,
-    table: &str,
-    plan: impl Fn(&str) -> Option<String>,
-) -> Result<(), Removal> {
-    let mut last = Ok(());
-    for _ in 0..ATTEMPTS {
-        let saved = match Iptables(family).list(&[table]) {
-            Ok(saved) => saved.unwrap_or_default(),
-            // After a failed write, that failure is the one to report.
-            Err(e) => return Err(last.err().map_or(Removal::Unreadable(e), Removal::Failed)),
-        };
-        let Some(doc) = plan(&saved) else {
-            return Ok(());
-        };
-        last = Iptables(family).apply(&doc);
-        if last.is_ok() {
-            return Ok(());
-        }
-    }
-    last.map_err(Removal::Failed)
-}
-
-/// Removes nftables rules chosen from listings: each of `lists` is the arguments of one
-/// `nft -j list` after `list` (an absent table or chain reads as an empty string); `plan` returns the
-/// transaction that deletes them (None: nothing), or why it cannot read the listings.
-pub fn nft_remove<E: From<Error>>(
-    lists: &[&[&str]],
-    plan: impl Fn(&[String]) -> Result<Option<String>, E>,
-) -> Result<(), E> {
-    let mut last = Ok(());
-    for _ in 0..ATTEMPTS {
-        let listings = lists
-            .iter()
-            .map(|args| Nftables.list(args).map(Option::unwrap_or_default))
-            .collect::<Result<Vec<_>, _>>()?;
-        let Some(script) = plan(&listings)? else {
-            return Ok(());
-        };
-        last = Nftables.apply(&script);
-        if last.is_ok() {
-            return Ok(());
-        }
-    }
-    last.map_err(E::from)
 }
 
 #[cfg(test)]
