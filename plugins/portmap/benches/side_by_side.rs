@@ -1,7 +1,8 @@
 //! ADD and DEL of one container's two mappings, ours against Debian's Go portmap in the same
 //! run, on a throwaway node namespace that already holds 20 other containers' mappings.
 //! Runs are interleaved so that both see the same machine. Prints p50/p99 and the ratios.
-//! `cargo bench -p portmap` (as root).
+//! `cargo bench -p portmap` (as root). BENCH_BASELINE=<dir> adds rows for the `portmap` in that
+//! directory (an earlier build), interleaved with the others.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -17,7 +18,7 @@ const ROUNDS: usize = 40;
 const NEIGHBOURS: usize = 20;
 
 struct Contender {
-    label: &'static str,
+    label: String,
     plugin: PathBuf,
     options: Value,
     add: Vec<Duration>,
@@ -75,29 +76,27 @@ fn main() {
     }
     let pod = node.pod(false);
 
-    let mut contenders = [
-        Contender {
-            label: "Go portmap (iptables)",
-            plugin: go,
-            options: json!({}),
-            add: vec![],
-            del: vec![],
-        },
-        Contender {
-            label: "ours (iptables)",
-            plugin: ours.clone(),
-            options: json!({}),
-            add: vec![],
-            del: vec![],
-        },
-        Contender {
-            label: "ours (nftables)",
-            plugin: ours,
-            options: json!({"backend": "nftables"}),
-            add: vec![],
-            del: vec![],
-        },
+    let contender = |label: &str, plugin: &PathBuf, options: Value| Contender {
+        label: label.to_string(),
+        plugin: plugin.clone(),
+        options,
+        add: vec![],
+        del: vec![],
+    };
+    let mut contenders = vec![
+        contender("Go portmap (iptables)", &go, json!({})),
+        contender("ours (iptables)", &ours, json!({})),
+        contender("ours (nftables)", &ours, json!({"backend": "nftables"})),
     ];
+    if let Some(dir) = std::env::var_os("BENCH_BASELINE") {
+        let baseline = PathBuf::from(dir).join("portmap");
+        contenders.push(contender("baseline (iptables)", &baseline, json!({})));
+        contenders.push(contender(
+            "baseline (nftables)",
+            &baseline,
+            json!({"backend": "nftables"}),
+        ));
+    }
     for round in 0..ROUNDS + 3 {
         for c in contenders.iter_mut() {
             let add = portmap_config("1.0.0", c.options.clone(), web_and_dns(), Some(&pod.result));
