@@ -13,6 +13,10 @@ fn go_bool(s: &str) -> Result<bool, String> {
     }
 }
 
+fn annotation_prefix(s: &str) -> Result<String, String> {
+    crate::registry::kube::Annotations::new(s).map(|_| s.to_string())
+}
+
 fn regex(s: &str) -> Result<regex::Regex, String> {
     regex::Regex::new(s).map_err(|e| e.to_string())
 }
@@ -194,6 +198,28 @@ pub struct Flags {
           default_value = "false", default_missing_value = "true", value_name = "BOOL")]
     pub kube_subnet_mgr: bool,
 
+    /// With --kube-subnet-mgr: the Kubernetes API server's URL (replaces the kubeconfig's).
+    /// Without it and --kubeconfig-file, the in-cluster configuration.
+    #[arg(long, env = "FLANNELD_KUBE_API_URL", value_name = "URL")]
+    pub kube_api_url: Option<String>,
+
+    /// With --kube-subnet-mgr: the kubeconfig to reach the Kubernetes API with.
+    #[arg(long, env = "FLANNELD_KUBECONFIG_FILE", value_name = "PATH")]
+    pub kubeconfig_file: Option<PathBuf>,
+
+    /// With --kube-subnet-mgr: the prefix of the node annotations that hold the leases.
+    #[arg(long, env = "FLANNELD_KUBE_ANNOTATION_PREFIX",
+          default_value = crate::registry::kube::DEFAULT_PREFIX,
+          value_parser = annotation_prefix, value_name = "PREFIX")]
+    pub kube_annotation_prefix: String,
+
+    /// With --kube-subnet-mgr: set the node's NetworkUnavailable condition to False once the
+    /// lease is written.
+    #[arg(long, env = "FLANNELD_SET_NODE_NETWORK_UNAVAILABLE", value_parser = go_bool,
+          num_args = 0..=1, default_value = "true", default_missing_value = "true",
+          value_name = "BOOL")]
+    pub set_node_network_unavailable: bool,
+
     /// Print the version and exit.
     #[arg(long)]
     pub version: bool,
@@ -260,6 +286,29 @@ mod tests {
         assert_eq!(f.healthz_port, 0);
         assert!(!f.ip_masq);
         assert!(f.iptables_forward_rules);
+        assert!(!f.kube_subnet_mgr && f.set_node_network_unavailable);
+        assert_eq!(f.kube_annotation_prefix, "flannel.alpha.coreos.com");
+        assert_eq!((f.kube_api_url, f.kubeconfig_file), (None, None));
+    }
+
+    #[test]
+    fn kube_flags_are_flanneld_s() {
+        let f = parse(&[
+            "--kube-subnet-mgr",
+            "-kube-api-url=https://10.0.0.1:6443",
+            "--kubeconfig-file",
+            "/etc/kubernetes/flannel.conf",
+            "--kube-annotation-prefix=example.com/net",
+            "--set-node-network-unavailable=false",
+        ])
+        .unwrap();
+        assert!(f.kube_subnet_mgr && !f.set_node_network_unavailable);
+        assert_eq!(f.kube_api_url.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(
+            f.kubeconfig_file,
+            Some(PathBuf::from("/etc/kubernetes/flannel.conf"))
+        );
+        assert_eq!(f.kube_annotation_prefix, "example.com/net");
     }
 
     #[test]
@@ -302,6 +351,11 @@ mod tests {
             (&["--healthz-port", "99999"][..], "--healthz-port", "99999"),
             (&["--ip-masq=maybe"][..], "--ip-masq", "maybe"),
             (&["--iface-regex", "("][..], "--iface-regex", "("),
+            (
+                &["--kube-annotation-prefix", "a/b/c"][..],
+                "--kube-annotation-prefix",
+                "a/b/c",
+            ),
         ] {
             let e = parse(args).unwrap_err();
             assert_eq!(e.exit_code(), 2);

@@ -45,6 +45,11 @@ fn help_explains_every_flag() {
         "--version",
         "-v",
         "--registry-dir",
+        "--kube-subnet-mgr",
+        "--kube-api-url",
+        "--kubeconfig-file",
+        "--kube-annotation-prefix",
+        "--set-node-network-unavailable",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
@@ -70,6 +75,16 @@ fn a_wrong_flag_value_is_refused_naming_the_flag_and_the_value() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--subnet-lease-renew-margin"));
+    let out = Command::new(FLANNELD)
+        .env("FLANNELD_KUBE_ANNOTATION_PREFIX", "a/b/c")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kube-annotation-prefix") && err.contains("a/b/c"),
+        "{err}"
+    );
 }
 
 #[test]

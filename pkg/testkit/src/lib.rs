@@ -90,6 +90,22 @@ impl TestNs {
         cmd
     }
 
+    /// Runs `f` on a thread of its own that has entered this namespace first, for test code
+    /// that opens sockets inside (a client of a server listening there). Threads `f` starts
+    /// are inside too.
+    pub fn run_inside<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let file = self.file.as_ref().expect("the namespace is open");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("entering {}: {e}", self.name));
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
     /// Runs a command inside, panicking with its stderr when it fails.
     pub fn run(&self, program: &str, args: &[&str]) -> String {
         let out = self

@@ -3,6 +3,7 @@
 
 pub mod dir;
 pub mod etcd;
+pub mod kube;
 
 use crate::lease::SubnetKey;
 use crate::view::BadEntry;
