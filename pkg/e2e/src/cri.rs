@@ -16,6 +16,49 @@ use api::runtime_service_client::RuntimeServiceClient;
 /// How long one call may take: RunPodSandbox runs the whole CNI ADD chain.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The session that runs containerd with its CRI plugin for a test (see the script's header).
+pub const SCRIPT: &str = include_str!("scripts/cri.sh");
+/// How long containerd's CRI plugin may take to serve: it loads the CNI config and images first.
+pub const SERVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The port the pod sandboxes of the tests serve on.
+pub const SANDBOX_PORT: u16 = 8080;
+/// The sandbox image's own command, so that a pod serves without a container in it.
+pub const SANDBOX_HTTPD: [&str; 7] = ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"];
+
+/// A pod sandbox called `name` in the cgroup `cgroup_parent`, mapping `host_port` on the node to
+/// its [`SANDBOX_PORT`] over TCP: what kubelet sends for a pod with one hostPort.
+pub fn sandbox_config(name: &str, cgroup_parent: &str, host_port: u16) -> api::PodSandboxConfig {
+    api::PodSandboxConfig {
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        port_mappings: vec![api::PortMapping {
+            protocol: api::Protocol::Tcp as i32,
+            container_port: SANDBOX_PORT.into(),
+            host_port: host_port.into(),
+            host_ip: String::new(),
+        }],
+        linux: Some(api::LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The last lines of the log of the containerd whose directory is `dir`, for a failure message.
+pub fn containerd_log(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    format!(
+        "containerd's log:\n{}",
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    )
+}
+
 pub struct Cri {
     rt: tokio::runtime::Runtime,
     client: RuntimeServiceClient<Channel>,
@@ -85,6 +128,32 @@ impl Cri {
                     .status
                     .ok_or_else(|| tonic::Status::not_found("no status in the answer"))
             })
+    }
+
+    /// The process ID of the sandbox's first process, from the runtime's verbose status
+    /// (containerd's `info` JSON): its `/proc/<pid>/ns/net` is the pod's network namespace.
+    pub fn pod_sandbox_pid(&mut self, id: &str) -> Result<u32, String> {
+        let req = api::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        };
+        let answer = self
+            .rt
+            .block_on(self.client.pod_sandbox_status(req))
+            .map_err(|e| format!("PodSandboxStatus (verbose) of {id}: {e}"))?
+            .into_inner();
+        let info = answer.info.get("info").ok_or_else(|| {
+            format!(
+                "no \"info\" in the verbose status of {id}: {:?}",
+                answer.info
+            )
+        })?;
+        serde_json::from_str::<serde_json::Value>(info)
+            .ok()
+            .and_then(|v| v["pid"].as_u64())
+            .and_then(|pid| u32::try_from(pid).ok())
+            .filter(|pid| *pid != 0)
+            .ok_or_else(|| format!("no pid in the verbose status of {id}: {info}"))
     }
 
     pub fn stop_pod_sandbox(&mut self, id: &str) -> Result<(), tonic::Status> {

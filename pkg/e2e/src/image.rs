@@ -13,8 +13,13 @@ pub const PAGE: &str = "served from the container\n";
 /// The applets the tests call inside a container.
 const APPLETS: [&str; 8] = ["sh", "ip", "ping", "httpd", "cat", "ls", "sleep", "wget"];
 
-/// Fills `dir` with /bin/busybox, its applets as symlinks, and /www/index.html.
+/// Fills `dir` with /bin/busybox, its applets as symlinks, and /www/index.html holding [`PAGE`].
 pub fn busybox_rootfs(dir: &Path) {
+    busybox_rootfs_serving(dir, PAGE);
+}
+
+/// The same with `page` as /www/index.html.
+pub fn busybox_rootfs_serving(dir: &Path, page: &str) {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(dir.join("www")).unwrap();
@@ -23,7 +28,7 @@ pub fn busybox_rootfs(dir: &Path) {
     for applet in APPLETS {
         symlink("busybox", bin.join(applet)).unwrap();
     }
-    std::fs::write(dir.join("www/index.html"), PAGE).unwrap();
+    std::fs::write(dir.join("www/index.html"), page).unwrap();
 }
 
 /// Writes a single-layer image of `rootfs` in the `docker save` layout to `archive`, tagged

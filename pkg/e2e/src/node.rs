@@ -28,14 +28,168 @@ const FLANNEL_DATA_DIR: &str = "/var/lib/cni/flannel";
 const HOST_LOCAL_DATA_DIR: &str = "/var/lib/cni/networks";
 const LIBCNI_CACHE_DIR: &str = "/var/lib/cni/results";
 
+/// What a container runtime on a node keeps outside the node's network namespace: a directory
+/// (`bin` with the plugins, `net.d` with the conflist, `run-flannel`, `var-lib-cni`, `empty`, and
+/// whatever the runtime keeps there) and a cgroup parent only it uses. On drop, every process
+/// started from the directory is killed and the cgroups removed, then the directory.
+pub struct Home {
+    network: String,
+    cgroup_parent: String,
+    dir: TempDir,
+}
+
+impl Home {
+    /// `set` installed in `bin`, `conflist` in `net.d`. `run-flannel` (seen as /run/flannel by
+    /// the sessions) is `subnet_dir` when given, an empty directory otherwise.
+    pub fn new(set: PluginSet, conflist: &Value, subnet_dir: Option<&Path>) -> Home {
+        let dir = tempfile::Builder::new()
+            .prefix("e2e-")
+            .tempdir()
+            .expect("temporary directory");
+        for sub in ["net.d", "var-lib-cni", "empty"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let run_flannel = dir.path().join("run-flannel");
+        match subnet_dir {
+            Some(target) => std::os::unix::fs::symlink(target, &run_flannel).unwrap(),
+            None => std::fs::create_dir_all(&run_flannel).unwrap(),
+        }
+        set.install(&dir.path().join("bin"));
+        std::fs::write(
+            dir.path().join("net.d").join(CONFLIST),
+            serde_json::to_string_pretty(conflist).unwrap(),
+        )
+        .unwrap();
+        let network = conflist["name"]
+            .as_str()
+            .expect("the conflist has a name")
+            .to_string();
+        Home {
+            network,
+            cgroup_parent: testkit::unique_name("e2e"),
+            dir,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// The network name from the conflist (what podman's `--network` takes).
+    pub fn network(&self) -> &str {
+        &self.network
+    }
+
+    /// A cgroup parent only this home uses, removed with it.
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.cgroup_parent)
+    }
+
+    /// Maps a path under /var/lib/cni (as the plugins see it) to where this home keeps it.
+    fn var_lib_cni(&self, path: &str) -> PathBuf {
+        let rel = path
+            .strip_prefix("/var/lib/cni")
+            .expect("a path under /var/lib/cni");
+        self.path("var-lib-cni").join(rel.trim_start_matches('/'))
+    }
+
+    /// host-local's address files of the network (named by the address), as "ip: content".
+    pub fn leases(&self) -> Vec<String> {
+        let dir = self.var_lib_cni(HOST_LOCAL_DATA_DIR).join(&self.network);
+        files_in(&dir)
+            .into_iter()
+            .filter(|(name, _)| name.parse::<std::net::IpAddr>().is_ok())
+            .map(|(name, content)| format!("{name}: {}", content.replace(['\r', '\n'], " ")))
+            .collect()
+    }
+
+    /// flannel's saved delegate configs (named by container ID).
+    pub fn delegates(&self) -> Vec<String> {
+        files_in(&self.var_lib_cni(FLANNEL_DATA_DIR))
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// libcni's cached results (named network-containerID-ifname).
+    pub fn cached_results(&self) -> Vec<String> {
+        files_in(&self.var_lib_cni(LIBCNI_CACHE_DIR))
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Processes still running from this directory (a runtime, shim or monitor a test started
+    /// and that outlived its session).
+    pub fn processes(&self) -> Vec<(i32, String)> {
+        let needle = self.dir().display().to_string();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                cmdline.contains(&needle).then_some((pid, cmdline))
+            })
+            .filter(|(pid, _)| *pid != std::process::id() as i32)
+            .collect()
+    }
+
+    /// Removes this home's cgroup trees from every hierarchy; the directories that would not
+    /// go (a process still in them) are returned.
+    pub fn remove_cgroups(&self) -> Vec<PathBuf> {
+        let mut stuck = Vec::new();
+        let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return stuck;
+        };
+        let mut roots: Vec<PathBuf> = vec![PathBuf::from("/sys/fs/cgroup")];
+        roots.extend(hierarchies.flatten().map(|e| e.path()));
+        for root in roots {
+            let top = root.join(&self.cgroup_parent);
+            if top.is_dir() {
+                remove_dirs_depth_first(&top, &mut stuck);
+            }
+        }
+        stuck
+    }
+
+    /// Kills what runs from this home and removes its cgroups.
+    fn end_processes(&self) {
+        for (pid, _) in self.processes() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // Killed processes leave their cgroups a moment later.
+        for _ in 0..20 {
+            if self.remove_cgroups().is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        self.end_processes();
+    }
+}
+
 pub struct Node {
     pub ns: TestNs,
     n: u8,
-    network: String,
     ipv6: bool,
-    cgroup_parent: String,
     // Last: removed after the namespace, when nothing can be using it any more.
-    dir: TempDir,
+    home: Home,
 }
 
 impl Node {
@@ -56,48 +210,34 @@ impl Node {
         if ipv6 {
             ns.ip(&["addr", "add", &format!("{NODE_ADDR6}/128"), "dev", "lo"]);
         }
-        let dir = tempfile::Builder::new()
-            .prefix("e2e-")
-            .tempdir()
-            .expect("temporary directory");
-        for sub in ["net.d", "run-flannel", "var-lib-cni", "empty"] {
-            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
-        }
-        set.install(&dir.path().join("bin"));
-        std::fs::write(
-            dir.path().join("net.d").join(CONFLIST),
-            serde_json::to_string_pretty(conflist).unwrap(),
-        )
-        .unwrap();
-        let network = conflist["name"]
-            .as_str()
-            .expect("the conflist has a name")
-            .to_string();
         let node = Node {
-            cgroup_parent: testkit::unique_name("e2e"),
             ns,
             n,
-            network,
             ipv6,
-            dir,
+            home: Home::new(set, conflist, None),
         };
         std::fs::write(node.path("run-flannel/subnet.env"), node.subnet_env()).unwrap();
         node
     }
 
+    /// What the runtime keeps of this node outside its namespace.
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
     /// The node's directory: `bin`, `net.d`, `run-flannel`, `var-lib-cni`, `empty`, and whatever
     /// a runtime keeps there.
     pub fn dir(&self) -> &Path {
-        self.dir.path()
+        self.home.dir()
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
+        self.home.path(rel)
     }
 
     /// The network name from the conflist (what podman's `--network` takes).
     pub fn network(&self) -> &str {
-        &self.network
+        self.home.network()
     }
 
     /// The subnet.env flanneld would have written for this node.
@@ -158,205 +298,136 @@ impl Node {
 
     /// A cgroup parent only this node uses, removed with the node.
     pub fn cgroup_parent(&self) -> String {
-        format!("/{}", self.cgroup_parent)
+        self.home.cgroup_parent()
     }
 
-    /// GET http://addr:port/ from the node's host namespace; the body. Connection refusals are
-    /// retried for a few seconds: a container's server may not be listening yet when it starts.
+    /// GET http://addr:port/ from the node's host namespace; see [`http_get`].
     pub fn http_get(&self, addr: impl Into<IpAddr>, port: u16) -> Result<String, String> {
-        let ns = std::fs::File::open(self.ns.path()).map_err(|e| e.to_string())?;
-        let target = SocketAddr::from((addr.into(), port));
-        // setns affects only the calling thread, so the request gets a thread of its own.
-        std::thread::spawn(move || {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("entering the node's namespace: {e}"))?;
-            let mut attempts = 0;
-            let mut stream = loop {
-                match TcpStream::connect_timeout(&target, HTTP_TIMEOUT) {
-                    Ok(s) => break s,
-                    Err(e) if e.kind() == ErrorKind::ConnectionRefused && attempts < 50 => {
-                        attempts += 1;
-                        std::thread::sleep(Duration::from_millis(100));
-                    }
-                    Err(e) => return Err(format!("connecting to {target}: {e}")),
-                }
-            };
-            stream.set_read_timeout(Some(HTTP_TIMEOUT)).ok();
-            let mut response = String::new();
-            stream
-                .write_all(b"GET / HTTP/1.0\r\n\r\n")
-                .and_then(|_| stream.read_to_string(&mut response))
-                .map_err(|e| format!("GET http://{target}/: {e}"))?;
-            match response.split_once("\r\n\r\n") {
-                Some((head, body)) if head.split_whitespace().nth(1) == Some("200") => {
-                    Ok(body.to_string())
-                }
-                _ => Err(format!("GET http://{target}/: {response:?}")),
-            }
-        })
-        .join()
-        .map_err(|_| "the request thread panicked".to_string())?
-    }
-
-    /// Maps a path under /var/lib/cni (as the plugins see it) to where this node keeps it.
-    fn var_lib_cni(&self, path: &str) -> PathBuf {
-        let rel = path
-            .strip_prefix("/var/lib/cni")
-            .expect("a path under /var/lib/cni");
-        self.path("var-lib-cni").join(rel.trim_start_matches('/'))
+        http_get(self.ns.path(), addr, port)
     }
 
     /// What the plugins (and the runtime's CNI cache) hold for `container_id` on this node.
     pub fn footprint(&self, container_id: &str) -> Footprint {
-        let naming = |lines: Vec<String>| -> Vec<String> {
-            lines
-                .into_iter()
-                .filter(|l| l.contains(container_id))
-                .collect()
-        };
-        Footprint {
-            leases: naming(self.leases()),
-            delegates: self
-                .delegates()
-                .into_iter()
-                .filter(|d| d == container_id)
-                .collect(),
-            cached_results: naming(self.cached_results()),
-            rules: naming(self.firewall()),
-        }
+        Footprint::of(&self.ns, &self.home, container_id)
     }
 
     /// host-local's address files of the network (named by the address), as "ip: content".
     pub fn leases(&self) -> Vec<String> {
-        let dir = self.var_lib_cni(HOST_LOCAL_DATA_DIR).join(&self.network);
-        files_in(&dir)
-            .into_iter()
-            .filter(|(name, _)| name.parse::<std::net::IpAddr>().is_ok())
-            .map(|(name, content)| format!("{name}: {}", content.replace(['\r', '\n'], " ")))
-            .collect()
+        self.home.leases()
     }
 
     /// flannel's saved delegate configs (named by container ID).
     pub fn delegates(&self) -> Vec<String> {
-        files_in(&self.var_lib_cni(FLANNEL_DATA_DIR))
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect()
+        self.home.delegates()
     }
 
     /// libcni's cached results (named network-containerID-ifname).
     pub fn cached_results(&self) -> Vec<String> {
-        files_in(&self.var_lib_cni(LIBCNI_CACHE_DIR))
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect()
+        self.home.cached_results()
     }
 
     /// The veth links in the host namespace.
     pub fn veths(&self) -> Vec<String> {
-        self.ns
-            .ip_json(&["link", "show", "type", "veth"])
-            .as_array()
-            .map(|links| {
-                links
-                    .iter()
-                    .filter_map(|l| l["ifname"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        veths(&self.ns)
     }
 
     /// Every iptables, ip6tables and nft line of the host namespace, prefixed by its source.
     pub fn firewall(&self) -> Vec<String> {
-        let mut lines = Vec::new();
-        for (prog, args) in [
-            ("iptables-save", &[][..]),
-            ("ip6tables-save", &[][..]),
-            ("nft", &["list", "ruleset"][..]),
-        ] {
-            let out = self.ns.try_run(prog, args);
-            lines.extend(
-                String::from_utf8_lossy(&out.stdout)
-                    .lines()
-                    .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-                    .map(|l| format!("{prog}: {}", l.trim())),
-            );
-        }
-        lines
+        firewall(&self.ns)
     }
 
-    /// Everything container-specific on the node, whoever it belonged to: address files, saved
-    /// delegates, cached results, per-container portmap chains (CNI-DN-*, CNI-SN-*: their names
-    /// are hashes) and veths. Empty when no container is attached.
+    /// Everything container-specific on the node, whoever it belonged to; see
+    /// [`Footprint::attachments`].
     pub fn attachments(&self) -> Footprint {
-        let mut rules: Vec<String> = self
-            .firewall()
-            .into_iter()
-            .filter(|l| l.contains("CNI-DN-") || l.contains("CNI-SN-"))
-            .collect();
-        rules.extend(self.veths().into_iter().map(|v| format!("veth {v}")));
-        Footprint {
-            leases: self.leases(),
-            delegates: self.delegates(),
-            cached_results: self.cached_results(),
-            rules,
-        }
+        Footprint::attachments(&self.ns, &self.home)
     }
 
-    /// Processes still running from this node's directory (a runtime, shim or monitor the test
-    /// started and that outlived its session).
+    /// Processes still running from this node's directory.
     pub fn processes(&self) -> Vec<(i32, String)> {
-        let needle = self.dir().display().to_string();
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| {
-                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-                let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-                cmdline.contains(&needle).then_some((pid, cmdline))
-            })
-            .filter(|(pid, _)| *pid != std::process::id() as i32)
-            .collect()
+        self.home.processes()
     }
 
-    /// Removes this node's cgroup trees from every hierarchy; the directories that would not go
-    /// (a process still in them) are returned.
+    /// Removes this node's cgroup trees; the directories that would not go are returned.
     pub fn remove_cgroups(&self) -> Vec<PathBuf> {
-        let mut stuck = Vec::new();
-        let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return stuck;
-        };
-        let mut roots: Vec<PathBuf> = vec![PathBuf::from("/sys/fs/cgroup")];
-        roots.extend(hierarchies.flatten().map(|e| e.path()));
-        for root in roots {
-            let top = root.join(&self.cgroup_parent);
-            if top.is_dir() {
-                remove_dirs_depth_first(&top, &mut stuck);
-            }
-        }
-        stuck
+        self.home.remove_cgroups()
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
-        for (pid, _) in self.processes() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        // Killed processes leave their cgroups a moment later.
-        for _ in 0..20 {
-            if self.remove_cgroups().is_empty() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // Before the namespace goes, so that no process outlives its name in it.
+        self.home.end_processes();
     }
+}
+
+/// GET http://addr:port/ from the network namespace at `netns` (a node's, or a pod's
+/// `/proc/<pid>/ns/net`); the body. Connection refusals are retried for a few seconds: a
+/// container's server may not be listening yet when it starts.
+pub fn http_get(netns: &Path, addr: impl Into<IpAddr>, port: u16) -> Result<String, String> {
+    let ns = std::fs::File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
+    let target = SocketAddr::from((addr.into(), port));
+    // setns affects only the calling thread, so the request gets a thread of its own.
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("entering the namespace: {e}"))?;
+        let mut attempts = 0;
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&target, HTTP_TIMEOUT) {
+                Ok(s) => break s,
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused && attempts < 50 => {
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(format!("connecting to {target}: {e}")),
+            }
+        };
+        stream.set_read_timeout(Some(HTTP_TIMEOUT)).ok();
+        let mut response = String::new();
+        stream
+            .write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .and_then(|_| stream.read_to_string(&mut response))
+            .map_err(|e| format!("GET http://{target}/: {e}"))?;
+        match response.split_once("\r\n\r\n") {
+            Some((head, body)) if head.split_whitespace().nth(1) == Some("200") => {
+                Ok(body.to_string())
+            }
+            _ => Err(format!("GET http://{target}/: {response:?}")),
+        }
+    })
+    .join()
+    .map_err(|_| "the request thread panicked".to_string())?
+}
+
+/// The veth links in the namespace `ns`.
+pub fn veths(ns: &TestNs) -> Vec<String> {
+    ns.ip_json(&["link", "show", "type", "veth"])
+        .as_array()
+        .map(|links| {
+            links
+                .iter()
+                .filter_map(|l| l["ifname"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every iptables, ip6tables and nft line of the namespace `ns`, prefixed by its source.
+pub fn firewall(ns: &TestNs) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (prog, args) in [
+        ("iptables-save", &[][..]),
+        ("ip6tables-save", &[][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        let out = ns.try_run(prog, args);
+        lines.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+                .map(|l| format!("{prog}: {}", l.trim())),
+        );
+    }
+    lines
 }
 
 /// cgroup directories are removed with rmdir (their control files are not real files).
@@ -390,7 +461,7 @@ fn files_in(dir: &Path) -> Vec<(String, String)> {
     files
 }
 
-/// Network state on a node: one container's, or (from [`Node::attachments`]) everyone's.
+/// Network state on a node: one container's, or (from [`Footprint::attachments`]) everyone's.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Footprint {
     /// host-local address files, "ip: content".
@@ -404,6 +475,44 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// What the plugins (and the runtime's CNI cache) hold for `container_id` on the node whose
+    /// host namespace is `ns` and whose runtime keeps `home`.
+    pub fn of(ns: &TestNs, home: &Home, container_id: &str) -> Footprint {
+        let naming = |lines: Vec<String>| -> Vec<String> {
+            lines
+                .into_iter()
+                .filter(|l| l.contains(container_id))
+                .collect()
+        };
+        Footprint {
+            leases: naming(home.leases()),
+            delegates: home
+                .delegates()
+                .into_iter()
+                .filter(|d| d == container_id)
+                .collect(),
+            cached_results: naming(home.cached_results()),
+            rules: naming(firewall(ns)),
+        }
+    }
+
+    /// Everything container-specific on such a node, whoever it belonged to: address files,
+    /// saved delegates, cached results, per-container portmap chains (CNI-DN-*, CNI-SN-*: their
+    /// names are hashes) and veths. Empty when no container is attached.
+    pub fn attachments(ns: &TestNs, home: &Home) -> Footprint {
+        let mut rules: Vec<String> = firewall(ns)
+            .into_iter()
+            .filter(|l| l.contains("CNI-DN-") || l.contains("CNI-SN-"))
+            .collect();
+        rules.extend(veths(ns).into_iter().map(|v| format!("veth {v}")));
+        Footprint {
+            leases: home.leases(),
+            delegates: home.delegates(),
+            cached_results: home.cached_results(),
+            rules,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         *self == Footprint::default()
     }

@@ -38,8 +38,7 @@ impl RootSnapshot {
     }
 
     /// Ends `node` and asserts that it left nothing: no process from its directory, no cgroup,
-    /// its host namespace gone, and in the machine no new link, no runtime-made netns, no change
-    /// in /etc/cni, /opt/cni or the root namespace's iptables.
+    /// its host namespace gone, and the machine unchanged ([`RootSnapshot::assert_unchanged`]).
     pub fn assert_clean_after(&self, node: Node) {
         let processes = node.processes();
         let cgroups = node.remove_cgroups();
@@ -55,6 +54,12 @@ impl RootSnapshot {
             "the node's namespace {ns_name} is still there"
         );
 
+        self.assert_unchanged();
+    }
+
+    /// Asserts that the machine has no new link in its root namespace, no runtime-made netns,
+    /// and the same /etc/cni, /opt/cni and root namespace's iptables as when this was taken.
+    pub fn assert_unchanged(&self) {
         let now = RootSnapshot::take();
         let new_links: Vec<_> = now.links.difference(&self.links).collect();
         assert!(

@@ -2,9 +2,10 @@
 //! container: a runtime's commands only see each other's state (podman's netns mounts,
 //! containerd's socket) when they share that namespace.
 
-use crate::node::Node;
+use crate::node::{Home, Node};
 use std::fmt;
 use std::io::{BufRead, BufReader, Lines, Write};
+use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 const PRELUDE: &str = include_str!("scripts/prelude.sh");
@@ -25,20 +26,31 @@ impl Session {
     /// directory), NETWORK (the conflist's name), GATEWAY, GATEWAY6 on a dual-stack node, and
     /// CGROUP_PARENT.
     pub fn start(node: &Node, script: &str, vars: &[(&str, &str)]) -> Session {
-        let path = node.path("session.sh");
+        let gateway = node.gateway().to_string();
+        let gateway6 = node.gateway6().map(|gw| gw.to_string());
+        let mut vars = vars.to_vec();
+        vars.push(("GATEWAY", &gateway));
+        if let Some(gw) = &gateway6 {
+            vars.push(("GATEWAY6", gw));
+        }
+        Session::start_in(node.ns.path(), node.home(), script, &vars)
+    }
+
+    /// The same in the network namespace at `netns`, for a runtime keeping `home`: WORK is the
+    /// home's directory, NETWORK and CGROUP_PARENT its conflist's name and cgroup parent.
+    pub fn start_in(netns: &Path, home: &Home, script: &str, vars: &[(&str, &str)]) -> Session {
+        let path = home.path("session.sh");
         std::fs::write(&path, format!("{PRELUDE}\n{script}")).unwrap();
-        let stderr_path = node.path("session.stderr");
+        let stderr_path = home.path("session.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
         let mut cmd = Command::new("timeout");
         cmd.args(["-k", "10", SESSION_TIMEOUT_SECS, "nsenter"])
-            .arg(format!("--net={}", node.ns.path_str()))
+            .arg(format!("--net={}", netns.display()))
             .args(["unshare", "--mount", "--propagation", "private", "bash"])
             .arg(&path)
-            .env("WORK", node.dir())
-            .env("NETWORK", node.network())
-            .env("GATEWAY", node.gateway().to_string())
-            .env("CGROUP_PARENT", node.cgroup_parent())
-            .envs(node.gateway6().map(|gw| ("GATEWAY6", gw.to_string())))
+            .env("WORK", home.dir())
+            .env("NETWORK", home.network())
+            .env("CGROUP_PARENT", home.cgroup_parent())
             .envs(vars.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

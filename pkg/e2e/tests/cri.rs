@@ -9,54 +9,19 @@
 //! own command is the web server (busybox httpd), so the pod serves without a container in it.
 
 use e2e::checks::{assert_footprint_gone, assert_footprint_present, assert_no_attachments};
-use e2e::cri;
-use e2e::cri::api::{
-    LinuxPodSandboxConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxState, PortMapping,
-    Protocol,
-};
+use e2e::cri::api::PodSandboxState;
+use e2e::cri::{self, SANDBOX_PORT as PORT};
 use e2e::image::{self, PAGE};
 use e2e::node::NODE_ADDR;
 use e2e::{plugins, Node, PluginSet, RootSnapshot, Session};
 use std::net::Ipv4Addr;
-use std::time::Duration;
 
-const SCRIPT: &str = include_str!("../src/scripts/cri.sh");
 const IMAGE_REF: &str = "e2e.local/sandbox:latest";
-const PORT: u16 = 8080;
 const HOST_PORT: u16 = 18080;
-/// containerd's CRI plugin loads the CNI config and images before it serves.
-const SERVE_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn sandbox_config(node: &Node, name: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        hostname: name.into(),
-        port_mappings: vec![PortMapping {
-            protocol: Protocol::Tcp as i32,
-            container_port: PORT.into(),
-            host_port: HOST_PORT.into(),
-            host_ip: String::new(),
-        }],
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: node.cgroup_parent(),
-        }),
-        ..Default::default()
-    }
-}
 
 /// The end of containerd's log, for a failure message.
 fn containerd_log(node: &Node) -> String {
-    let log = std::fs::read_to_string(node.path("containerd/containerd.log")).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    format!(
-        "containerd's log:\n{}",
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    )
+    cri::containerd_log(&node.path("containerd"))
 }
 
 fn cri_runs_a_pod_sandbox(set: PluginSet, n: u8) {
@@ -64,19 +29,18 @@ fn cri_runs_a_pod_sandbox(set: PluginSet, n: u8) {
     let node = Node::new("cri", set, n, &plugins::flannel_conflist());
     image::busybox_rootfs(&node.path("rootfs"));
     let archive = node.path("image.tar");
-    let httpd = ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"];
     image::docker_archive_running(
         &node.path("rootfs"),
         IMAGE_REF,
         &node.path("image"),
         &archive,
-        &httpd,
+        &cri::SANDBOX_HTTPD,
     );
     let name = testkit::unique_name("pod");
 
     let mut session = Session::start(
         &node,
-        SCRIPT,
+        cri::SCRIPT,
         &[
             ("IMAGE_TAR", archive.to_str().unwrap()),
             ("IMAGE_REF", IMAGE_REF),
@@ -84,10 +48,10 @@ fn cri_runs_a_pod_sandbox(set: PluginSet, n: u8) {
     );
     session.until_pause();
     let socket = node.path("containerd/containerd.sock");
-    let mut cri = cri::wait_until_serving(&socket, SERVE_TIMEOUT).unwrap();
+    let mut cri = cri::wait_until_serving(&socket, cri::SERVE_TIMEOUT).unwrap();
 
     let id = cri
-        .run_pod_sandbox(sandbox_config(&node, &name))
+        .run_pod_sandbox(cri::sandbox_config(&name, &node.cgroup_parent(), HOST_PORT))
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\n{}", containerd_log(&node)));
     let status = cri
         .pod_sandbox_status(&id)
