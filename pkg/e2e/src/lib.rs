@@ -10,6 +10,7 @@
 
 pub mod checks;
 pub mod cri;
+pub mod cri_node;
 pub mod image;
 pub mod install;
 pub mod node;
