@@ -8,8 +8,9 @@
 //! there once it settles. `desired_for` and `env_for` are the only places that know how the
 //! daemon's pieces are put together.
 
+use cni_kernel::netlink::Route;
 use flanneld::alloc::{self, Action};
-use flanneld::backend::desired::{desired, Desired, Local};
+use flanneld::backend::desired::{desired, owns_route, Desired, Local};
 use flanneld::backend::mode;
 use flanneld::config::{self, NetConfig};
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
@@ -55,8 +56,12 @@ fn env_for(cfg: &NetConfig, own: &SubnetKey) -> String {
 /// What this node (192.168.0.1/24 and fd00::1/64 on its external interface, its devices of
 /// the config's families) wants in the kernel for `leases` under the network config `text`.
 fn desired_for(text: &str, own: &str, leases: &[Lease]) -> Desired {
+    desired(&local_for(text, own), leases)
+}
+
+fn local_for(text: &str, own: &str) -> Local {
     let cfg = parse(text);
-    let local = Local {
+    Local {
         mode: mode::mode(&cfg).unwrap_or_else(|e| panic!("{text}: {e}")),
         backend_type: cfg.backend_type.clone(),
         own: key(own),
@@ -69,8 +74,7 @@ fn desired_for(text: &str, own: &str, leases: &[Lease]) -> Desired {
         ],
         dev4: cfg.ipv4.map(|_| DEV4),
         dev6: cfg.ipv6.map(|_| DEV6),
-    };
-    desired(&local, leases)
+    }
 }
 
 fn raw(json: &str) -> Option<Box<RawValue>> {
@@ -418,4 +422,15 @@ fn direct_routing_decides_per_family_whether_the_peer_is_on_the_link() {
     );
     let fdb: Vec<_> = d.entries.fdb.iter().map(|f| (f.device, f.dst)).collect();
     assert_eq!(fdb, vec![(DEV6, Some(ip("fd09::2")))]);
+}
+
+#[test]
+#[ignore = "bug for issue 19's backend: owns_route claims the kernel's prefix route of \
+            flannel-v6.<VNI>'s own /128 address, and a dual-stack start deletes it"]
+fn the_kernels_route_to_the_ipv6_devices_own_address_is_not_the_datapaths() {
+    // IPv6 adds `fc00:0:0:1:: dev flannel-v6.1 proto kernel metric 256` with the address; IPv4
+    // adds no such route for flannel.1's /32.
+    let local = local_for(DUAL_V6_FIRST, OWN_DUAL);
+    let kernels = Route::new("fc00:0:0:1::/128".parse().unwrap(), None, Some(DEV6));
+    assert!(!owns_route(&local, &kernels));
 }
