@@ -2,13 +2,15 @@
 //! namespace whose `eth0` is a veth onto that bridge (192.168.<net>.<n>/24 and/or
 //! fd00:<net>::<n>/64 as the `Underlay` asks, default routes via the underlay's .254 / ::fe,
 //! forwarding on). Optionally a real etcd runs in the underlay on the bridge's address, a remote
-//! server for every node. flanneld runs in a node with its own subnet.env and log; pods are made
+//! server for every node, or the Kubernetes API server stand-in (`kube_api`) holding a Node
+//! object per node with its podCIDR. flanneld runs in a node with its own subnet.env and log; pods are made
 //! through the real plugins with the stock flannel conflist, with an address of each family
 //! their node's subnet.env has. The underlay's own addresses stand for the world outside the
 //! cluster network: no route leads from there back to a pod, so a pod reaches them only through
 //! its node's masquerade. Everything is unique-named and removed on drop: processes killed
 //! first, then namespaces deleted, then the temporary directory.
 
+use crate::kube_api::{KubeApi, User, FLANNEL_RULES};
 use crate::{bin_dir, conflist, Invocation, TestNs};
 use serde_json::{Map, Value};
 use std::fs;
@@ -118,6 +120,44 @@ pub enum Registry {
     Embedded,
     /// A real etcd in the underlay namespace, reached over the bridge.
     Etcd,
+    /// The Kubernetes API server stand-in in the underlay namespace, on port 6443 of the
+    /// bridge's address: a Node `node<n>` per node with its podCIDR, each node's flanneld with
+    /// `--kube-subnet-mgr`, `NODE_NAME` and a kubeconfig of its own, allowed what
+    /// kube-flannel's ClusterRole allows.
+    Kube,
+}
+
+/// The API server stand-in's port in the underlay.
+pub const KUBE_API_PORT: u16 = 6443;
+
+/// The name of node `index`'s Node object.
+pub fn kube_node_name(index: u8) -> String {
+    format!("node{index}")
+}
+
+/// The podCIDRs the cluster's node IPAM gives node `index`: the `index`-th subnet of
+/// `SubnetLen` (24, IPv6 64) of each network in `network_config` (flannel's net-conf.json).
+pub fn pod_cidrs_for(network_config: &str, index: u8) -> Vec<String> {
+    let cfg: Value = serde_json::from_str(network_config)
+        .unwrap_or_else(|e| panic!("the network config {network_config}: {e}"));
+    let mut out = Vec::new();
+    if let Some(net) = cfg["Network"].as_str() {
+        let (addr, _) = net.split_once('/').expect("Network is addr/len");
+        let base: std::net::Ipv4Addr = addr.parse().expect("Network's address");
+        let len = cfg["SubnetLen"].as_u64().unwrap_or(24) as u32;
+        let step = 1u32 << (32 - len);
+        let a = std::net::Ipv4Addr::from(u32::from(base) + u32::from(index) * step);
+        out.push(format!("{a}/{len}"));
+    }
+    if let Some(net) = cfg["IPv6Network"].as_str() {
+        let (addr, _) = net.split_once('/').expect("IPv6Network is addr/len");
+        let base: std::net::Ipv6Addr = addr.parse().expect("IPv6Network's address");
+        let len = cfg["IPv6SubnetLen"].as_u64().unwrap_or(64) as u32;
+        let step = 1u128 << (128 - len);
+        let a = std::net::Ipv6Addr::from(u128::from(base) + u128::from(index) * step);
+        out.push(format!("{a}/{len}"));
+    }
+    out
 }
 
 /// The subnet key (`10.5.3.0-24`, `fc00:0:0:3::-64`) of an address with its prefix
@@ -143,6 +183,28 @@ pub fn subnet_key(cidr: &str) -> String {
         }
     };
     format!("{network}-{len}")
+}
+
+/// The lease key of a Node's podCIDRs, as flannel writes keys: IPv4 first, `0.0.0.0-0`
+/// standing for none.
+fn kube_lease_key(node: &Value) -> Option<String> {
+    let cidrs: Vec<&str> = node["spec"]["podCIDRs"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let of = |f| {
+        cidrs
+            .iter()
+            .find(|c| Family::of(c) == f)
+            .map(|c| subnet_key(c))
+    };
+    match (of(Family::V4), of(Family::V6)) {
+        (Some(v4), Some(v6)) => Some(format!("{v4}&{v6}")),
+        (Some(v4), None) => Some(v4),
+        (None, Some(v6)) => Some(format!("0.0.0.0-0&{v6}")),
+        (None, None) => None,
+    }
 }
 
 /// A child process killed (and reaped) on drop.
@@ -182,9 +244,17 @@ pub struct Node {
     /// The node's own files: subnet.env, flanneld's log, the plugins' data directories.
     pub dir: PathBuf,
     daemon: Option<Process>,
+    /// With `Registry::Kube`: the node's account at the API server.
+    kube_user: Option<User>,
 }
 
 impl Node {
+    /// With `Registry::Kube`: the account this node's flanneld uses (its token, its
+    /// kubeconfig).
+    pub fn kube_user(&self) -> Option<&User> {
+        self.kube_user.as_ref()
+    }
+
     pub fn subnet_file(&self) -> PathBuf {
         self.dir.join("subnet.env")
     }
@@ -466,11 +536,13 @@ struct Etcd {
 }
 
 /// Nodes on one underlay bridge, optionally an etcd, flanneld per node, pods per node.
-/// Fields drop in this order: pods, nodes (their daemons die first), etcd, underlay, files.
+/// Fields drop in this order: pods, nodes (their daemons die first), etcd, the API server,
+/// underlay, files.
 pub struct Cluster {
     pods: Vec<Pod>,
     nodes: Vec<Node>,
     etcd: Option<Etcd>,
+    kube: Option<KubeApi>,
     pub underlay: TestNs,
     /// Listeners in the underlay (`serve_outside`).
     outside_servers: Vec<Process>,
@@ -528,6 +600,7 @@ impl Cluster {
             pods: Vec::new(),
             nodes: Vec::new(),
             etcd: None,
+            kube: None,
             underlay,
             outside_servers: Vec::new(),
             prefix: prefix.to_string(),
@@ -555,6 +628,21 @@ impl Cluster {
                     "--",
                     network_config,
                 ]);
+            }
+            Registry::Kube => {
+                fs::write(c.net_conf_file(), network_config)
+                    .unwrap_or_else(|e| panic!("writing {}: {e}", c.net_conf_file().display()));
+                let dir = c.dir.path().join("kube");
+                fs::create_dir_all(&dir)
+                    .unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+                let host = Family::BOTH
+                    .into_iter()
+                    .find_map(|f| c.outside(f))
+                    .expect("an underlay of at least one family");
+                let addr = host_port(&host, KUBE_API_PORT)
+                    .parse()
+                    .expect("the API server's address");
+                c.kube = Some(KubeApi::start(Some(c.underlay.path()), addr, &dir));
             }
         }
         for _ in 0..nodes {
@@ -611,6 +699,50 @@ impl Cluster {
 
     pub fn network_config(&self) -> &str {
         &self.network_config
+    }
+
+    /// With `Registry::Kube`: the API server stand-in.
+    pub fn kube(&self) -> &KubeApi {
+        self.kube.as_ref().expect("this cluster has no API server")
+    }
+
+    pub fn kube_mut(&mut self) -> &mut KubeApi {
+        self.kube.as_mut().expect("this cluster has no API server")
+    }
+
+    /// With `Registry::Kube`: net-conf.json, as the ConfigMap gives it to flanneld.
+    pub fn net_conf_file(&self) -> PathBuf {
+        self.dir.path().join("net-conf.json")
+    }
+
+    /// With `Registry::Kube`: creates node `index`'s Node object, with the podCIDRs of
+    /// `pod_cidrs_for` when `with_cidr` (else none yet, as before the node IPAM assigns them).
+    pub fn create_kube_node(&self, index: u8, with_cidr: bool) {
+        let name = kube_node_name(index);
+        let node = self.node(index);
+        let mut obj = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {},
+            "status": {"addresses": [{"type": "InternalIP", "address": node.ip}]},
+        });
+        if with_cidr {
+            obj["spec"]["podCIDRs"] = pod_cidrs_for(&self.network_config, index).into();
+        }
+        self.kube().create_node(obj);
+    }
+
+    /// With `Registry::Kube`: gives node `index` its podCIDRs, as the node IPAM does.
+    pub fn assign_pod_cidrs(&self, index: u8) {
+        let cidrs = pod_cidrs_for(&self.network_config, index);
+        self.kube()
+            .patch_node(
+                &kube_node_name(index),
+                false,
+                &serde_json::json!({"spec": {"podCIDRs": cidrs}}),
+            )
+            .unwrap_or_else(|e| panic!("assigning node {index} its podCIDRs: {}", e.message));
     }
 
     /// The embedded registry's shared directory.
@@ -775,6 +907,12 @@ impl Cluster {
         let dir = self.dir.path().join(format!("node{index}"));
         fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         let ip = ip4.or_else(|| ip6.clone()).unwrap_or_default();
+        let kube_user = self.kube.as_mut().map(|api| {
+            api.add_user(
+                &format!("system:serviceaccount:flannel-cni-rs:flanneld-node{index}"),
+                Some(FLANNEL_RULES),
+            )
+        });
         self.nodes.push(Node {
             index,
             ns,
@@ -782,7 +920,11 @@ impl Cluster {
             ip6,
             dir,
             daemon: None,
+            kube_user,
         });
+        if self.kube.is_some() {
+            self.create_kube_node(index, true);
+        }
         index
     }
 
@@ -797,6 +939,16 @@ impl Cluster {
             Registry::Etcd => vec![
                 "--etcd-endpoints".into(),
                 self.etcd_url().unwrap_or_default().to_string(),
+            ],
+            Registry::Kube => vec![
+                "--kube-subnet-mgr".into(),
+                "--kubeconfig-file".into(),
+                node.kube_user
+                    .as_ref()
+                    .map(|u| u.kubeconfig.display().to_string())
+                    .unwrap_or_default(),
+                "--net-config-path".into(),
+                self.net_conf_file().display().to_string(),
             ],
         };
         args.extend([
@@ -825,6 +977,7 @@ impl Cluster {
             .command(flanneld)
             .args(&args)
             .args(extra)
+            .env("NODE_NAME", kube_node_name(index))
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -879,6 +1032,17 @@ impl Cluster {
                     .map(str::to_string)
                     .collect()
             }
+            // A node's lease is its podCIDR once its flanneld has annotated it.
+            Registry::Kube => self
+                .nodes
+                .iter()
+                .filter_map(|n| self.kube().node(&kube_node_name(n.index)))
+                .filter(|n| {
+                    n["metadata"]["annotations"]["flannel.alpha.coreos.com/kube-subnet-manager"]
+                        == "true"
+                })
+                .filter_map(|n| kube_lease_key(&n))
+                .collect(),
         };
         keys.sort();
         keys
@@ -895,6 +1059,22 @@ impl Cluster {
             Registry::Etcd => {
                 let deleted = self.etcdctl(&["del", &format!("{ETCD_PREFIX}/subnets/{key}")]);
                 assert_eq!(deleted.trim(), "1", "etcd held no lease {key}");
+            }
+            // The lease goes with its Node, as when a node is deleted from the cluster.
+            Registry::Kube => {
+                let node = self
+                    .nodes
+                    .iter()
+                    .map(|n| kube_node_name(n.index))
+                    .find(|name| {
+                        self.kube()
+                            .node(name)
+                            .is_some_and(|n| kube_lease_key(&n).as_deref() == Some(key))
+                    })
+                    .unwrap_or_else(|| panic!("no Node has the podCIDR of lease {key}"));
+                self.kube()
+                    .delete_node(&node)
+                    .unwrap_or_else(|e| panic!("deleting Node {node}: {}", e.message));
             }
         }
     }
@@ -1041,6 +1221,9 @@ impl Drop for Cluster {
         }
         if let Some(e) = &mut self.etcd {
             e.process.kill();
+        }
+        if let Some(k) = &mut self.kube {
+            k.stop();
         }
     }
 }
