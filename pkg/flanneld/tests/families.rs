@@ -1,7 +1,7 @@
 //! Address families through the library's public API, without root: IPv6 listed first in the
-//! network config (flannel-io/flannel#1985 panicked on it), flannel's key forms for dual-stack
-//! and IPv6-only leases, and the entries wanted when a lease or this node lacks a family
-//! (flannel-io/flannel#1789 dereferenced a missing one).
+//! network config or in a Node's podCIDRs (flannel-io/flannel#1985 and #1629 panicked on them),
+//! flannel's key forms for dual-stack and IPv6-only leases, and the entries wanted when a lease
+//! or this node lacks a family (flannel-io/flannel#1789 dereferenced a missing one).
 //!
 //! Written against the public API while pkg/flanneld/src is being restructured; they belong in
 //! the test sections of config.rs, lease.rs, alloc.rs and the backend's desired state, and move
@@ -14,6 +14,7 @@ use flanneld::backend::desired::{desired, owns_route, Desired, Local};
 use flanneld::backend::mode;
 use flanneld::config::{self, NetConfig};
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
+use flanneld::registry::kube::{self, NodeObject};
 use serde_json::value::RawValue;
 use std::net::IpAddr;
 
@@ -172,6 +173,48 @@ fn ipv6_only_gives_the_empty_ipv4_part_and_no_ipv4_lines() {
         public_ipv6: "fd00::1".parse().ok(),
     };
     assert!(alloc::is_mine(&cfg, &node, &mine));
+}
+
+/// A Node as the API server sends it, with `podCIDRs` in the order given and flannel's
+/// annotations for both families.
+fn kube_node(name: &str, cidrs: &[&str]) -> NodeObject {
+    let a = "flannel.alpha.coreos.com";
+    let node = serde_json::json!({
+        "metadata": {"name": name, "annotations": {
+            format!("{a}/kube-subnet-manager"): "true",
+            format!("{a}/backend-type"): "vxlan",
+            format!("{a}/backend-data"): format!(r#"{{"VNI":1,"VtepMAC":"{MAC4}"}}"#),
+            format!("{a}/backend-v6-data"): format!(r#"{{"VNI":1,"VtepMAC":"{MAC6}"}}"#),
+            format!("{a}/public-ip"): "192.168.0.2",
+            format!("{a}/public-ipv6"): "fd00::2",
+        }},
+        "spec": {"podCIDR": cidrs[0], "podCIDRs": cidrs},
+    });
+    serde_json::from_value(node).unwrap()
+}
+
+#[test]
+fn ipv6_first_in_pod_cidrs_gives_the_same_keys_as_ipv4_first() {
+    let names = kube::Annotations::new("flannel.alpha.coreos.com").unwrap();
+    for (text, want) in [
+        (DUAL_V6_FIRST, "10.5.2.0-24&fc00:0:0:2::-64"),
+        (V6_ONLY, "0.0.0.0-0&fc00:0:0:2::-64"),
+    ] {
+        let cfg = parse(text);
+        for cidrs in [
+            ["fc00:0:0:2::/64", "10.5.2.0/24"],
+            ["10.5.2.0/24", "fc00:0:0:2::/64"],
+        ] {
+            let node = kube_node("n2", &cidrs);
+            let own = kube::own_subnet(&node, &cfg).unwrap().unwrap();
+            assert_eq!(own.to_string(), want, "{text} {cidrs:?}");
+            let lease = kube::node_lease(&node, &names, kube::Families::of(&cfg))
+                .unwrap()
+                .unwrap();
+            assert_eq!(lease.key.to_string(), want, "{text} {cidrs:?}");
+            assert_eq!(lease.attrs.public_ipv6, "fd00::2".parse().ok());
+        }
+    }
 }
 
 // ---- the key forms --------------------------------------------------------------------------
