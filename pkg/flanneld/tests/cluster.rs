@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::cluster::{Cluster, Node, Registry};
+use testkit::cluster::{Cluster, Family, Node, Registry};
 
 const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
 const T: Duration = Duration::from_secs(30);
@@ -57,25 +57,6 @@ fn cluster(prefix: &str, registry: Registry, config: &str, nodes: u8) -> Cluster
     c
 }
 
-/// Waits (bounded) until every pod answers every other pod's ping; panics naming the pairs
-/// that never did, with every node's routes, neighbours, FDB and log.
-fn assert_every_pod_reaches_every_other(c: &Cluster, timeout: Duration) {
-    let start = Instant::now();
-    loop {
-        let bad = c.unreachable_pairs(1);
-        if bad.is_empty() {
-            return;
-        }
-        if start.elapsed() > timeout {
-            panic!(
-                "after {timeout:?}, these pings got no answer:\n{}\n{}",
-                c.describe_pairs(&bad),
-                c.describe()
-            );
-        }
-    }
-}
-
 /// Every pod serves its name on PORT; every other pod connects and reads it.
 fn assert_tcp_between_every_pair(c: &mut Cluster) {
     for i in 0..c.pods().len() {
@@ -103,18 +84,6 @@ fn flannel_mtu(node: &Node) -> u64 {
     let v = node.subnet_env("FLANNEL_MTU", T);
     v.parse()
         .unwrap_or_else(|e| panic!("FLANNEL_MTU={v} on node {}: {e}", node.index))
-}
-
-/// Node `n`'s routes whose destination is `subnet` (`10.21.3.0/24`), from `ip -j route`.
-fn routes_to(node: &Node, subnet: &str) -> Vec<serde_json::Value> {
-    node.ns
-        .ip_json(&["route", "show"])
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["dst"] == subnet)
-        .cloned()
-        .collect()
 }
 
 fn cidr_of_key(key: &str) -> String {
@@ -216,7 +185,7 @@ fn etcd_in_the_underlay_three_nodes_lease_subnets_and_pods_on_a_node_reach_each_
 /// and pods carry FLANNEL_MTU.
 fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Backend) {
     let mut c = cluster(prefix, registry, backend.config(), 3);
-    assert_every_pod_reaches_every_other(&c, T);
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
     assert_tcp_between_every_pair(&mut c);
     for n in c.nodes() {
         assert_eq!(
@@ -227,7 +196,7 @@ fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Back
         );
         for other in c.nodes().iter().filter(|o| o.index != n.index) {
             let subnet = cidr_of_key(&other.lease_key(T));
-            let routes = routes_to(n, &subnet);
+            let routes = n.routes_to(Family::V4, &subnet);
             assert_eq!(
                 routes.len(),
                 1,
@@ -260,14 +229,14 @@ fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Back
 /// its lease is deleted: its routes, neighbours and FDB entries leave every other node.
 fn a_node_joins_and_another_leaves(prefix: &str, registry: Registry, backend: Backend) {
     let mut c = cluster(prefix, registry, backend.config(), 3);
-    assert_every_pod_reaches_every_other(&c, T);
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
 
     let four = c.add_node();
     c.start_flanneld(four, Path::new(FLANNELD), &[]);
     c.node(four).wait_subnet_env(T);
     c.add_pod(four);
     c.add_pod(four);
-    assert_every_pod_reaches_every_other(&c, T);
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
 
     let gone = c.node(3);
     let (gone_ip, key) = (gone.ip.clone(), gone.lease_key(T));
@@ -277,7 +246,7 @@ fn a_node_joins_and_another_leaves(prefix: &str, registry: Registry, backend: Ba
     for &i in &others {
         let n = c.node(i);
         assert_eq!(
-            routes_to(n, &subnet).len(),
+            n.routes_to(Family::V4, &subnet).len(),
             1,
             "node {i} before the removal"
         );
@@ -299,7 +268,7 @@ fn a_node_joins_and_another_leaves(prefix: &str, registry: Registry, backend: Ba
     c.stop_flanneld(3);
     c.delete_lease(&key);
     let left = |n: &Node| {
-        routes_to(n, &subnet).is_empty()
+        n.routes_to(Family::V4, &subnet).is_empty()
             && !n
                 .neighbours()
                 .lines()

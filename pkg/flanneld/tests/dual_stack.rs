@@ -130,18 +130,6 @@ fn cluster(prefix: &str, s: &Setup) -> Cluster {
     c
 }
 
-/// Node `n`'s routes of family `f` whose destination is `subnet`, from `ip -j route`.
-fn routes_to(n: &Node, f: Family, subnet: &str) -> Vec<serde_json::Value> {
-    let family = if f == Family::V6 { "-6" } else { "-4" };
-    n.ns.ip_json(&[family, "route", "show"])
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["dst"] == subnet)
-        .cloned()
-        .collect()
-}
-
 /// The address of a subnet's network (`fc00:30:0:3::` of `fc00:30:0:3::/64`): the vxlan
 /// device's address, and the gateway of the routes to that subnet.
 fn network_address(subnet: &str) -> &str {
@@ -288,7 +276,7 @@ fn routes_are_right(c: &Cluster, s: &Setup, n: &Node) -> Result<(), String> {
     for other in c.nodes().iter().filter(|o| o.index != n.index) {
         for f in s.families() {
             let subnet = other.subnet(f, T).unwrap_or_default();
-            let routes = routes_to(n, f, &subnet);
+            let routes = n.routes_to(f, &subnet);
             let (gw, dev) = if s.via_underlay() {
                 (other.addr(f).unwrap_or_default(), "eth0")
             } else {
@@ -305,27 +293,6 @@ fn routes_are_right(c: &Cluster, s: &Setup, n: &Node) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Waits (bounded) until every pod answers every other pod's ping on each family; panics
-/// naming the pairs that never did, with every node's routes, neighbours, FDB and log.
-fn assert_every_pod_reaches_every_other(c: &Cluster, s: &Setup, timeout: Duration) {
-    for f in s.families() {
-        let start = Instant::now();
-        loop {
-            let bad = c.unreachable_pairs_over(f, 1);
-            if bad.is_empty() {
-                break;
-            }
-            if start.elapsed() > timeout {
-                panic!(
-                    "{s:?}: after {timeout:?}, these {f} pings got no answer:\n{}\n{}",
-                    c.describe_pairs(&bad),
-                    c.describe()
-                );
-            }
-        }
-    }
 }
 
 /// Every pod serves its name and its peer's address on PORT, on each family; every other pod
@@ -480,7 +447,7 @@ fn assert_a_node_joins_and_another_leaves(c: &mut Cluster, s: &Setup) {
     start_flanneld(c, four);
     c.node(four).wait_subnet_env(T);
     c.add_pod(four);
-    assert_every_pod_reaches_every_other(c, s, T);
+    c.wait_every_pod_reaches_every_other(&s.families(), T);
     wait_for("every node's routes with the fourth", T, || {
         c.nodes()
             .iter()
@@ -504,7 +471,7 @@ fn assert_a_node_joins_and_another_leaves(c: &mut Cluster, s: &Setup) {
     let holds = |n: &Node| -> Vec<String> {
         let mut held = Vec::new();
         for (f, subnet) in &subnets {
-            if !routes_to(n, *f, subnet).is_empty() {
+            if !n.routes_to(*f, subnet).is_empty() {
                 held.push(format!("a route to {subnet}"));
             }
             let vtep = format!("{} ", network_address(subnet));
@@ -583,7 +550,7 @@ fn end_to_end(prefix: &str, s: Setup) {
     step("leases");
     devices_routes_and_pods(&c, &s);
     step("devices");
-    assert_every_pod_reaches_every_other(&c, &s, T);
+    c.wait_every_pod_reaches_every_other(&s.families(), T);
     step("pings");
     assert_tcp_between_every_pair(&mut c, &s);
     step("tcp");

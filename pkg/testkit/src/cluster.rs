@@ -353,6 +353,20 @@ impl Node {
         self.ns.ip(&["-6", "route", "show"])
     }
 
+    /// The routes of family `f` whose destination is `subnet` (`10.5.3.0/24`,
+    /// `fc00:0:0:3::/64`), as `ip -j route` gives them.
+    pub fn routes_to(&self, f: Family, subnet: &str) -> Vec<Value> {
+        let family = if f == Family::V6 { "-6" } else { "-4" };
+        self.ns
+            .ip_json(&[family, "route", "show"])
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["dst"] == subnet)
+            .cloned()
+            .collect()
+    }
+
     /// The address of `eth0` of family `f`.
     pub fn addr(&self, f: Family) -> Option<&str> {
         match f {
@@ -1148,6 +1162,27 @@ impl Cluster {
             (Some(_), Some(ip)) => from.ping(ip, wait_s),
             _ => true,
         })
+    }
+
+    /// Waits (bounded) until every pod answers every other pod's ping on each family of
+    /// `families`; panics naming the pairs that never did, with every node's view.
+    pub fn wait_every_pod_reaches_every_other(&self, families: &[Family], timeout: Duration) {
+        for &f in families {
+            let start = Instant::now();
+            loop {
+                let bad = self.unreachable_pairs_over(f, 1);
+                if bad.is_empty() {
+                    break;
+                }
+                if start.elapsed() > timeout {
+                    panic!(
+                        "after {timeout:?}, these {f} pings got no answer:\n{}\n{}",
+                        self.describe_pairs(&bad),
+                        self.describe()
+                    );
+                }
+            }
+        }
     }
 
     /// Every ordered pair of distinct pods (from, to) for which `ok` is false.
