@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use std::fs;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The underlay's own address on the bridge: the nodes' default gateway and etcd's address.
@@ -246,6 +246,10 @@ pub struct Node {
     daemon: Option<Process>,
     /// With `Registry::Kube`: the node's account at the API server.
     kube_user: Option<User>,
+    /// flanneld's extra environment and the command it is started through, kept across
+    /// restarts (`set_flanneld_env`, `set_flanneld_wrapper`).
+    daemon_env: Vec<(String, String)>,
+    daemon_wrapper: Vec<String>,
 }
 
 impl Node {
@@ -935,6 +939,8 @@ impl Cluster {
             dir,
             daemon: None,
             kube_user,
+            daemon_env: Vec::new(),
+            daemon_wrapper: Vec::new(),
         });
         if self.kube.is_some() {
             self.create_kube_node(index, true);
@@ -986,12 +992,19 @@ impl Cluster {
             .append(true)
             .open(&log)
             .unwrap_or_else(|e| panic!("opening {}: {e}", log.display()));
-        let child = node
-            .ns
-            .command(flanneld)
+        let mut cmd = match node.daemon_wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut c = node.ns.command(program);
+                c.args(wrapper_args).arg(flanneld);
+                c
+            }
+            None => node.ns.command(flanneld),
+        };
+        let child = cmd
             .args(&args)
             .args(extra)
             .env("NODE_NAME", kube_node_name(index))
+            .envs(node.daemon_env.iter().map(|(k, v)| (k, v)))
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1007,6 +1020,38 @@ impl Cluster {
             .daemon
             .as_mut()
             .is_some_and(Process::running)
+    }
+
+    /// Sets `key` in the environment of node `index`'s flanneld from its next start on.
+    pub fn set_flanneld_env(&mut self, index: u8, key: &str, value: &str) {
+        let env = &mut self.node_mut(index).daemon_env;
+        env.retain(|(k, _)| k != key);
+        env.push((key.to_string(), value.to_string()));
+    }
+
+    /// Starts node `index`'s flanneld through `wrapper` from its next start on: the wrapper's
+    /// program and arguments, then flanneld's path and arguments (e.g. `unshare -m ...`).
+    pub fn set_flanneld_wrapper(&mut self, index: u8, wrapper: &[&str]) {
+        self.node_mut(index).daemon_wrapper = wrapper.iter().map(|w| w.to_string()).collect();
+    }
+
+    /// Stops node `index`'s flanneld as systemd does, with SIGTERM, and waits up to `timeout`
+    /// for it to exit; its exit status.
+    pub fn terminate_flanneld(&mut self, index: u8, timeout: Duration) -> ExitStatus {
+        let mut daemon = self
+            .node_mut(index)
+            .daemon
+            .take()
+            .unwrap_or_else(|| panic!("no flanneld running on node {index}"));
+        let child = daemon.child.as_mut().expect("a started daemon");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+            .unwrap_or_else(|e| panic!("SIGTERM to node {index}'s flanneld: {e}"));
+        wait_for(
+            &format!("node {index}'s flanneld to exit after SIGTERM"),
+            timeout,
+            || child.try_wait().ok().flatten(),
+        )
     }
 
     /// Kills node `index`'s flanneld (SIGKILL, as when the machine dies); its lease stays.
