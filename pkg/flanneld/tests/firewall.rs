@@ -1,0 +1,385 @@
+//! The firewall where operators got hurt by flanneld: a restart that must not disturb the
+//! rules or the traffic, resyncs that must never rewrite rules that are right (also when other
+//! tools add their own jumps beside ours), a node with IPv6 disabled. Each daemon runs with a
+//! PATH whose rule tools log every call (`testkit::toolpath`), so that "writes nothing" is read
+//! from what it ran, not from timing.
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+use testkit::cluster::{wait_for, Cluster, Family, Node, Registry};
+use testkit::toolpath::{writes_rules, ToolPath};
+
+const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
+const T: Duration = Duration::from_secs(60);
+
+/// What an operator compares: `iptables -S` of nat and filter (both families) and the whole
+/// nftables ruleset without its counters.
+fn rules(node: &Node) -> String {
+    let mut out = String::new();
+    for tool in ["iptables", "ip6tables"] {
+        for table in ["nat", "filter"] {
+            out += &format!("== {tool} -S -t {table}\n");
+            out += &node.ns.run(tool, &["-S", "-t", table]);
+        }
+    }
+    out += "== nft -s list ruleset\n";
+    out += &node.ns.run("nft", &["-s", "list", "ruleset"]);
+    out
+}
+
+/// The number of times the daemon said it wrote its subnet.env: once per start.
+fn starts(node: &Node) -> usize {
+    node.log().matches("wrote ").count()
+}
+
+/// The calls among `calls` that write rules.
+fn writes(calls: &[String]) -> Vec<&String> {
+    calls.iter().filter(|c| writes_rules(c)).collect()
+}
+
+/// A ping from a pod every 10 ms, `count` of them; its summary when it ends.
+struct Pinger {
+    to: String,
+    child: Child,
+}
+
+impl Pinger {
+    fn start(c: &Cluster, pod: usize, to: &str, count: u32) -> Pinger {
+        let child = c.pods()[pod]
+            .ns
+            .command("ping")
+            .args([
+                "-n",
+                "-q",
+                "-i",
+                "0.01",
+                "-W",
+                "2",
+                "-c",
+                &count.to_string(),
+                to,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting ping in the pod");
+        Pinger {
+            to: to.to_string(),
+            child,
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// (sent, answered) once it ends.
+    fn finish(mut self) -> (u32, u32) {
+        let to = self.to.clone();
+        wait_for(&format!("the pings to {to} to end"), T, || {
+            self.child.try_wait().ok().flatten()
+        });
+        let out = std::mem::replace(&mut self.child, spawn_true())
+            .wait_with_output()
+            .expect("reading ping's output");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or_else(|| panic!("no summary from ping {to}: {text}"));
+        let n = |word: &str| -> u32 {
+            line.split(',')
+                .find(|p| p.contains(word))
+                .and_then(|p| p.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no {word:?} count in {line:?}"))
+        };
+        (n("transmitted"), n("received"))
+    }
+}
+
+fn spawn_true() -> Child {
+    std::process::Command::new("true")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running true")
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a traced call is one of the daemon's checks of its IPv4 rules (iptables: the nat
+/// table read; nftables: its table listed).
+fn checks_rules(call: &str) -> bool {
+    call.starts_with("iptables-save -t nat")
+        || call.starts_with("nft -j list table ip flannel-ipv4")
+}
+
+/// The number of rule checks among `calls`.
+fn checks(calls: &[String]) -> usize {
+    calls.iter().filter(|c| checks_rules(c)).count()
+}
+
+/// A pod on node 1 pings the outside (through the masquerade) and a pod on node 2 every
+/// 10 ms while node 1's flanneld is stopped with SIGTERM and started again: no reply may be
+/// lost, the rules must read the same before, while stopped and after, and the new daemon must
+/// write no rule (flannel-io/flannel#2237).
+fn restart_case(prefix: &str, net: u8, network_config: &str, ours: &str) {
+    let mut c = Cluster::new(prefix, net, 3, Registry::Embedded, network_config);
+    let tools = ToolPath::traced();
+    c.set_flanneld_env(1, "PATH", &tools.path());
+    let args = ["--ip-masq", "--iptables-resync", "1"];
+    for n in 1..=3 {
+        c.start_flanneld(n, Path::new(FLANNELD), &args);
+    }
+    for n in 1..=3 {
+        c.node(n).wait_subnet_env(T);
+    }
+    let a = c.add_pod(1);
+    let b = c.add_pod(2);
+    let outside = c.outside(Family::V4).expect("an IPv4 underlay");
+    let pod_b = c.pods()[b].ip.clone();
+    for to in [&outside, &pod_b] {
+        wait_for(&format!("pod a to reach {to}"), T, || {
+            c.pods()[a].ping(to, 1).then_some(())
+        });
+    }
+    let first = tools.calls();
+    assert!(
+        !writes(&first).is_empty(),
+        "the first start wrote its rules through the traced tools: {first:#?}"
+    );
+    let before = rules(c.node(1));
+    assert!(before.contains(ours), "no {ours} in:\n{before}");
+
+    // 2,000 pings at 10 ms: at least 20 s, longer than a restart takes on a loaded machine.
+    let mut pings = [
+        Pinger::start(&c, a, &outside, 2000),
+        Pinger::start(&c, a, &pod_b, 2000),
+    ];
+    let started = starts(c.node(1));
+    let status = c.terminate_flanneld(1, T);
+    assert!(status.success(), "flanneld stopped by SIGTERM: {status}");
+    let during = rules(c.node(1));
+    let mark = tools.calls().len();
+    c.start_flanneld(1, Path::new(FLANNELD), &args);
+    wait_for("node 1's flanneld to finish its start", T, || {
+        (starts(c.node(1)) > started).then_some(())
+    });
+    // The start's check and two resyncs after it: they too find everything right.
+    wait_for("three rule checks by the restarted daemon", T, || {
+        (checks(&tools.calls()[mark..]) >= 3).then_some(())
+    });
+    let after = rules(c.node(1));
+    for p in pings.iter_mut() {
+        assert!(
+            p.running(),
+            "the pings to {} ended before the restart was over: raise their count",
+            p.to
+        );
+    }
+    let since = tools.calls().split_off(mark);
+    assert!(
+        writes(&since).is_empty(),
+        "the restarted daemon found its rules right and must write none, yet ran:\n{:#?}",
+        writes(&since)
+    );
+    assert_eq!(
+        during, before,
+        "the rules changed while flanneld was stopped"
+    );
+    assert_eq!(after, before, "the rules changed across the restart");
+    for p in pings {
+        let to = p.to.clone();
+        let (sent, answered) = p.finish();
+        assert_eq!(sent, 2000, "pings to {to}");
+        assert_eq!(
+            answered, sent,
+            "pings to {to} across the restart: {answered} of {sent} answered"
+        );
+    }
+}
+
+#[test]
+fn a_restart_loses_no_reply_and_writes_no_rule() {
+    restart_case(
+        "ffr",
+        111,
+        r#"{"Network":"10.111.0.0/16","Backend":{"Type":"vxlan"}}"#,
+        "FLANNEL-POSTRTG",
+    );
+}
+
+#[test]
+fn a_restart_with_nftables_loses_no_reply_and_writes_no_rule() {
+    restart_case(
+        "ffn",
+        113,
+        r#"{"Network":"10.113.0.0/16","Backend":{"Type":"vxlan"},"EnableNFTables":true}"#,
+        "table ip flannel-ipv4",
+    );
+}
+
+fn scrape(node: &Node) -> String {
+    let out = node
+        .ns
+        .try_run("curl", &["-s", "http://127.0.0.1:9107/metrics"]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn restores(node: &Node) -> Option<f64> {
+    let name = "flanneld_masquerade_restores_total ";
+    scrape(node)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// Waits until the daemon has checked its rules `n` more times after call number `mark`: each
+/// check reads the nat table.
+fn wait_checks(tools: &ToolPath, mark: usize, n: usize) {
+    wait_for(&format!("{n} resync checks"), T, || {
+        (checks(&tools.calls()[mark..]) >= n).then_some(())
+    });
+}
+
+#[test]
+fn resyncs_never_rewrite_right_rules_beside_other_tools_jumps() {
+    let mut c = Cluster::new(
+        "ffs",
+        112,
+        1,
+        Registry::Embedded,
+        r#"{"Network":"10.112.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    );
+    let tools = ToolPath::traced();
+    c.set_flanneld_env(1, "PATH", &tools.path());
+    let args = [
+        "--ip-masq",
+        "--iptables-resync",
+        "1",
+        "--healthz-ip",
+        "127.0.0.1",
+        "--healthz-port",
+        "9107",
+    ];
+    c.start_flanneld(1, Path::new(FLANNELD), &args);
+    c.node(1).wait_subnet_env(T);
+    let node = c.node(1);
+    wait_for("the metrics to answer", T, || restores(node));
+
+    // Right rules, three resyncs: nothing written (flannel-io/flannel#1913).
+    let log_mark = node.log().len();
+    let mark = tools.calls().len();
+    wait_checks(&tools, mark, 3);
+    let since = tools.calls().split_off(mark);
+    assert!(writes(&since).is_empty(), "{:#?}", writes(&since));
+
+    // Another tool's jumps before and after ours (flannel-io/flannel#2145).
+    for (table, hook) in [("nat", "POSTROUTING"), ("filter", "FORWARD")] {
+        for chain in ["OTHER-BEFORE", "OTHER-AFTER"] {
+            node.ns.run("iptables", &["-t", table, "-N", chain]);
+            node.ns
+                .run("iptables", &["-t", table, "-A", chain, "-j", "RETURN"]);
+        }
+        node.ns.run(
+            "iptables",
+            &["-t", table, "-I", hook, "1", "-j", "OTHER-BEFORE"],
+        );
+        node.ns
+            .run("iptables", &["-t", table, "-A", hook, "-j", "OTHER-AFTER"]);
+    }
+    let before = rules(node);
+    let mark = tools.calls().len();
+    wait_checks(&tools, mark, 3);
+    let since = tools.calls().split_off(mark);
+    assert!(
+        writes(&since).is_empty(),
+        "other tools' jumps beside ours made flanneld write:\n{:#?}",
+        writes(&since)
+    );
+    assert_eq!(rules(node), before);
+    assert_eq!(restores(node), Some(0.0), "{}", scrape(node));
+    let log = node.log();
+    assert!(
+        !log[log_mark..].contains("restor"),
+        "a restore was logged after the start:\n{log}"
+    );
+
+    // The check is not blind: one of our rules deleted is restored, counted and logged.
+    node.ns
+        .run("iptables", &["-t", "nat", "-D", "FLANNEL-POSTRTG", "2"]);
+    wait_for("the deleted rule to be restored", T, || {
+        (restores(node) == Some(1.0)).then_some(())
+    });
+    wait_for("the rules as they were", T, || {
+        (rules(node) == before).then_some(())
+    });
+    let log = node.log();
+    assert!(log[log_mark..].contains("restoring"), "{log}");
+}
+
+#[test]
+fn with_ipv6_disabled_no_ipv6_rule_is_tried_and_nothing_is_logged_at_resyncs() {
+    let mut c = Cluster::new(
+        "ff6",
+        114,
+        2,
+        Registry::Embedded,
+        r#"{"Network":"10.114.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    );
+    for key in ["all", "default"] {
+        c.node(1).ns.run(
+            "sysctl",
+            &["-qw", &format!("net.ipv6.conf.{key}.disable_ipv6=1")],
+        );
+    }
+    let tools = ToolPath::traced();
+    c.set_flanneld_env(1, "PATH", &tools.path());
+    let args = ["--ip-masq", "--iptables-resync", "1"];
+    for n in 1..=2 {
+        c.start_flanneld(n, Path::new(FLANNELD), &args);
+    }
+    for n in 1..=2 {
+        c.node(n).wait_subnet_env(T);
+    }
+    let node = c.node(1);
+    let log_mark = node.log().len();
+    let mark = tools.calls().len();
+    wait_checks(&tools, mark, 4);
+    let calls = tools.calls();
+    let ipv6: Vec<&String> = calls
+        .iter()
+        .filter(|c| writes_rules(c) && (c.starts_with("ip6tables") || c.contains("ip6")))
+        .collect();
+    assert!(ipv6.is_empty(), "IPv6 rules tried: {ipv6:#?}");
+    let log = node.log();
+    let complaints: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("ERROR"))
+        .chain(log[log_mark..].lines().filter(|l| l.contains("WARN")))
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "logged at resyncs with IPv6 disabled:\n{}",
+        complaints.join("\n")
+    );
+    assert!(
+        rules(node).contains("FLANNEL-POSTRTG"),
+        "the IPv4 rules are in place"
+    );
+    let a = c.add_pod(1);
+    let b = c.add_pod(2);
+    let unreachable = c.unreachable_pairs(2);
+    assert!(
+        unreachable.is_empty(),
+        "pods a ({}) and b ({}): {}",
+        c.pods()[a].ip,
+        c.pods()[b].ip,
+        c.describe_pairs(&unreachable)
+    );
+}
