@@ -164,23 +164,12 @@ pub fn format_mac(mac: &[u8]) -> String {
         .join(":")
 }
 
-/// An interface name the kernel accepts: 1 to 15 bytes, no '/', ':' or whitespace.
+/// An interface name the kernel accepts (`ifname::problem`), refused naming `field`.
 pub fn validate_ifname_field(name: &str, field: &str) -> Result<(), CniError> {
-    let why = if name.is_empty() {
-        "is empty"
-    } else if name.len() > 15 {
-        "is longer than 15 bytes"
-    } else if name == "." || name == ".." {
-        "is not an interface name"
-    } else if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        "contains '/', ':' or whitespace"
-    } else {
-        return Ok(());
-    };
-    Err(invalid(field, format!("{name:?}"), why))
+    match ifname::problem(name) {
+        Some(why) => Err(invalid(field, format!("{name:?}"), why)),
+        None => Ok(()),
+    }
 }
 
 fn vlan_id(v: i64, field: &str, min: i64) -> Result<u16, CniError> {

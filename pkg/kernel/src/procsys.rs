@@ -17,7 +17,7 @@ fn path(proto: Proto, ifname: &str, key: &str) -> Result<String, Error> {
     let problem = if ifname == "all" || ifname == "default" {
         Some("names every interface's sysctls, not one interface's")
     } else {
-        crate::ifname_problem(ifname)
+        ifname::problem(ifname)
     };
     if let Some(p) = problem {
         return Err(Error::invalid(

@@ -12,9 +12,6 @@ fn matches_id_pattern(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// IFNAMSIZ less the terminating NUL.
-pub const MAX_IFNAME_LEN: usize = 15;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
     Add,
@@ -183,21 +180,7 @@ pub fn validate_container_id(id: &str) -> Result<(), CniError> {
 }
 
 pub fn validate_ifname(name: &str) -> Result<(), CniError> {
-    let problem = if name.is_empty() {
-        Some("is empty")
-    } else if name.len() > MAX_IFNAME_LEN {
-        Some("is longer than 15 bytes")
-    } else if name == "." || name == ".." {
-        Some("is not a valid interface name")
-    } else if name
-        .chars()
-        .any(|c| c == '/' || c == ':' || c.is_whitespace())
-    {
-        Some("contains '/', ':' or whitespace")
-    } else {
-        None
-    };
-    match problem {
+    match ifname::problem(name) {
         Some(p) => Err(CniError::env(format!("invalid CNI_IFNAME {name:?}: {p}"))),
         None => Ok(()),
     }
