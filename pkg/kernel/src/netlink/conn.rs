@@ -4,9 +4,9 @@
 
 use super::nexthop::{self, Rtnl};
 use super::parse;
-use super::{
-    AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec, VxlanSpec,
-    MAIN_TABLE,
+use super::types::{
+    format_mac, AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec,
+    VxlanSpec, MAIN_TABLE,
 };
 use crate::error::{Error, Result};
 use crate::netns::Netns;
@@ -34,7 +34,6 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 /// How many requests one bulk operation keeps in flight: enough to keep the kernel busy, few
 /// enough that their answers fit the socket's receive buffer.
@@ -433,33 +432,6 @@ impl Conn {
         changed(r, &[Errno::ENODEV, Errno::ESRCH], "deleting link", index)
     }
 
-    /// Waits until the link's operational state is up (a veth is once both ends are up).
-    pub async fn wait_oper_up(&self, index: u32, timeout: Duration) -> Result<Link> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pause = Duration::from_micros(200);
-        loop {
-            let link = self
-                .link_by_index(index)
-                .await?
-                .ok_or_else(|| Error::failed("waiting for link", index, "it disappeared"))?;
-            if link.oper_up {
-                return Ok(link);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::failed(
-                    "waiting for link",
-                    format!("{} ({index})", link.name),
-                    format!(
-                        "it is not operationally up after {timeout:?}: {}",
-                        link.oper_state
-                    ),
-                ));
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
-    }
-
     // ---- Bridge ports ----
 
     /// Bridge port flags: hairpin (IFLA_BRPORT_MODE) and isolation (IFLA_BRPORT_ISOLATED).
@@ -687,17 +659,8 @@ impl Conn {
         have: &std::collections::HashSet<Route>,
         route: &Route,
     ) -> Result<bool> {
-        if have.contains(route) {
-            return Ok(false);
-        }
-        let msg = parse::route_message(route, RouteProtocol::Boot);
-        self.ack(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-        .map_err(|f| f.into_error("replacing route", route_name(route)))?;
-        Ok(true)
+        self.write_unless(have.contains(route), Write::SetRoute(route))
+            .await
     }
 
     /// Sets one route, replacing any other to the same destination; true when it changed.
@@ -849,20 +812,11 @@ impl Conn {
     /// Sets a neighbour entry, replacing what is there for that address; false when it was
     /// already exactly so.
     pub async fn replace_neighbour(&self, n: &Neighbour) -> Result<bool> {
-        if self
+        let already = self
             .neighbour(n.device, n.ip)
             .await?
-            .is_some_and(|have| have == *n)
-        {
-            return Ok(false);
-        }
-        self.ack(
-            RouteNetlinkMessage::NewNeighbour(parse::neighbour_message(n)),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-        .map_err(|f| f.into_error("setting neighbour", neighbour_name(n)))?;
-        Ok(true)
+            .is_some_and(|have| have == *n);
+        self.write_unless(already, Write::SetNeighbour(n)).await
     }
 
     /// Sets many neighbour entries, pipelined; true for each that changed.
@@ -922,7 +876,7 @@ impl Conn {
             Ok(_) => Ok(None),
             Err(f) => Err(f.into_error(
                 "looking up the forwarding entry",
-                format!("{} on link {device}", super::format_mac(&mac)),
+                format!("{} on link {device}", format_mac(&mac)),
             )),
         }
     }
@@ -944,20 +898,11 @@ impl Conn {
         )? {
             return Ok(true);
         }
-        if self
+        let already = self
             .fdb_entry(e.device, e.mac)
             .await?
-            .is_some_and(|have| have == *e)
-        {
-            return Ok(false);
-        }
-        self.ack(
-            RouteNetlinkMessage::NewNeighbour(parse::fdb_message(e)),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-        .map_err(|f| f.into_error("replacing the forwarding entry", fdb_name(e)))?;
-        Ok(true)
+            .is_some_and(|have| have == *e);
+        self.write_unless(already, Write::SetFdb(e)).await
     }
 
     /// Sets many forwarding entries, pipelined; true for each that changed.
@@ -1035,6 +980,15 @@ impl Conn {
             }
         }
         failed
+    }
+
+    /// The last step of every idempotent set: the write, unless what was read (`already`)
+    /// shows the kernel holds it so; true when it wrote.
+    async fn write_unless(&self, already: bool, w: Write<'_>) -> Result<bool> {
+        if already {
+            return Ok(false);
+        }
+        self.write_one(w).await.map(|()| true)
     }
 
     async fn write_one(&self, w: Write<'_>) -> Result<()> {
@@ -1207,14 +1161,14 @@ fn neighbour_name(n: &Neighbour) -> String {
     format!(
         "{} lladdr {} on link {}",
         n.ip,
-        super::format_mac(&n.mac),
+        format_mac(&n.mac),
         n.device
     )
 }
 
 fn fdb_name(e: &FdbEntry) -> String {
     match e.dst {
-        Some(d) => format!("{} dst {d} on link {}", super::format_mac(&e.mac), e.device),
-        None => format!("{} on link {}", super::format_mac(&e.mac), e.device),
+        Some(d) => format!("{} dst {d} on link {}", format_mac(&e.mac), e.device),
+        None => format!("{} on link {}", format_mac(&e.mac), e.device),
     }
 }

@@ -2,7 +2,8 @@
 //! event is a reason to look again, not a record to trust: a listener that falls behind
 //! loses some, and is then told so by [`Event::Overflow`].
 
-use super::{parse, FdbEntry, Link, Neighbour, Route};
+use super::parse;
+use super::types::{FdbEntry, Link, Neighbour, Route};
 use crate::error::{Error, Result};
 use crate::netns::Netns;
 use futures::channel::mpsc::UnboundedReceiver;

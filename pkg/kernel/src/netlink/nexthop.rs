@@ -4,7 +4,7 @@
 //! without root.
 
 use super::parse::family_of;
-use super::Nexthop;
+use super::types::Nexthop;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{
     DecodeError, Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkPayload,

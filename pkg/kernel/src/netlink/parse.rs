@@ -1,6 +1,6 @@
 //! Between rtnetlink's messages and this module's types, both ways. Pure: tested without root.
 
-use super::{AddressInfo, FdbEntry, Link, Neighbour, Route, Vxlan};
+use super::types::{AddressInfo, FdbEntry, Link, Neighbour, Route, Vxlan};
 use ipnetwork::IpNetwork;
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,

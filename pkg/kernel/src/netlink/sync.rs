@@ -5,7 +5,7 @@
 //! blocking on another would panic), a call blocks on a thread of its own instead.
 
 use super::conn::Conn;
-use super::{
+use super::types::{
     AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec, VxlanSpec,
 };
 use crate::error::{Error, Result};
