@@ -649,9 +649,6 @@ fn nft_listing(family: Family) -> Result<Option<String>> {
     Nftables.list(&["table", ip, table])
 }
 
-/// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
-/// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
-/// nothing when all is right. Returns whether it wrote anything.
 /// What is missing or wrong in the firewall for `spec`, read only (for `flanneld doctor`).
 pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
     let mut reasons = Vec::new();
@@ -676,6 +673,9 @@ pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
     Ok(reasons)
 }
 
+/// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
+/// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
+/// nothing when all is right. Returns whether it wrote anything.
 pub fn ensure(spec: &MasqSpec) -> Result<bool> {
     if spec.nftables {
         let mut batch = String::new();
