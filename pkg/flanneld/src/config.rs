@@ -1,7 +1,8 @@
 //! The cluster's network config (flannel's `net-conf.json` / `<prefix>/config`): decoding with
 //! Go's key matching, defaults and refusals as flannel's config check, plus SubnetMin > SubnetMax.
 
-use ipnetwork::{Ipv4Network, Ipv6Network};
+use crate::family::IpFamily;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -18,6 +19,24 @@ pub struct NetConfig {
     pub backend_type: String,
     /// The whole `Backend` object, for the backend's own keys.
     pub backend: Value,
+}
+
+impl NetConfig {
+    /// The cluster network of one family, when the config enables it.
+    pub fn network(&self, family: IpFamily) -> Option<IpNetwork> {
+        match family {
+            IpFamily::V4 => self.ipv4.map(|f| IpNetwork::V4(f.network)),
+            IpFamily::V6 => self.ipv6.map(|f| IpNetwork::V6(f.network)),
+        }
+    }
+
+    /// The families the config enables, IPv4 first.
+    pub fn families(&self) -> Vec<IpFamily> {
+        IpFamily::BOTH
+            .into_iter()
+            .filter(|f| self.network(*f).is_some())
+            .collect()
+    }
 }
 
 /// One address family's part of the config, defaults applied and checked.

@@ -1,50 +1,40 @@
-//! The daemon's life: the network config, this node's lease (acquired, renewed), subnet.env, and
-//! the other nodes' leases followed through watches and resyncs into the backend.
+//! The daemon's life: the network config, the external interface, this node's lease (taken,
+//! renewed), what the node should be (`NodeSpec`), subnet.env, and the other nodes' leases
+//! followed through watches and resyncs into the reconciler of the node's kernel state.
 
-use crate::alloc::{self, Action, Node};
-use crate::backend::Datapath;
+use crate::alloc::{self, Node};
+use crate::backend;
 use crate::config::{self, ConfigError, NetConfig};
-use crate::iface::{self, LinkFacts, Route, Wanted};
-use crate::lease::{LeaseAttrs, SubnetKey};
-use crate::masq::{self, MasqSpec};
+use crate::error::{LeaseLost, StartError};
+use crate::family::IpFamily;
+use crate::iface::Interfaces;
+use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::masq;
 use crate::metrics::{self, METRICS};
-use crate::registry::{Change, Listing, Registry, RegistryError, WatchEnd};
+use crate::planes::firewall::FirewallPlane;
+use crate::planes::netlink::{self as netlink_plane, NetlinkPlane};
+use crate::reconcile::{Plane, Reconciler};
+use crate::registry::{list_until_ok, Change, LeaseRequest, Registry, WatchEnd};
+use crate::settings::Settings;
+use crate::spec::{external, NodeSpec};
 use crate::view::{LeaseView, Outcome};
+use cni_kernel::netlink::Conn;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use subnetenv::SubnetEnv;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 /// How the daemon ended.
 #[derive(Debug)]
 pub enum Exit {
     /// Asked to stop: leases and the datapath stay for the next start.
     Stopped,
-    /// A bad network config or external interface at start: exit status 2.
-    BadStart(String),
+    /// A bad network config, external interface or backend at start: exit status 2.
+    BadStart(StartError),
     /// This node's lease was deleted by someone else: exit status 1.
-    LeaseLost(String),
-}
-
-pub struct Settings {
-    pub wanted: Wanted,
-    pub links: Vec<LinkFacts>,
-    pub routes: Vec<Route>,
-    pub subnet_file: PathBuf,
-    pub ip_masq: bool,
-    /// Not `--ip-masq-fully-random-disable`.
-    pub random_fully: bool,
-    /// `--iptables-forward-rules`.
-    pub forward_rules: bool,
-    /// `--iptables-resync`.
-    pub iptables_resync: Duration,
-    pub ttl: Duration,
-    pub renew_margin: Duration,
-    pub ready: Arc<AtomicBool>,
+    LeaseLost(LeaseLost),
 }
 
 /// When to renew a lease that expires at `expiry`: the margin before, or a third of the
@@ -65,35 +55,6 @@ fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// FLANNEL_SUBNET's form: the subnet's first address with its prefix.
-fn first_address(n: IpNetwork) -> IpNetwork {
-    let ip = match n.network() {
-        std::net::IpAddr::V4(a) => std::net::IpAddr::V4((u32::from(a).wrapping_add(1)).into()),
-        std::net::IpAddr::V6(a) => std::net::IpAddr::V6((u128::from(a).wrapping_add(1)).into()),
-    };
-    IpNetwork::new(ip, n.prefix()).unwrap_or(n)
-}
-
-/// The subnet.env this node's lease gives.
-pub fn subnet_env(cfg: &NetConfig, key: &SubnetKey, mtu: u32, ip_masq: bool) -> SubnetEnv {
-    SubnetEnv {
-        networks: cfg
-            .ipv4
-            .map(|f| IpNetwork::V4(f.network))
-            .into_iter()
-            .collect(),
-        subnet: key.ipv4.map(|n| first_address(IpNetwork::V4(n))),
-        ipv6_networks: cfg
-            .ipv6
-            .map(|f| IpNetwork::V6(f.network))
-            .into_iter()
-            .collect(),
-        ipv6_subnet: key.ipv6.map(|n| first_address(IpNetwork::V6(n))),
-        mtu,
-        ipmasq: ip_masq,
-    }
 }
 
 /// The subnet(s) of an earlier subnet.env, if it is readable.
@@ -146,95 +107,9 @@ async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, ConfigError>
     }
 }
 
-/// Lists until the registry answers, logging each failure once per 30 s.
-async fn list_until_ok<R: Registry>(reg: &R) -> Listing {
-    let mut last_log: Option<Instant> = None;
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match reg.list().await {
-            Ok(l) => {
-                if last_log.is_some() {
-                    info!("reached {} again", reg.describe());
-                }
-                return l;
-            }
-            Err(e) => {
-                metrics::inc(&METRICS.registry_errors);
-                if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
-                    warn!("listing leases in {}: {e}; retrying", reg.describe());
-                    last_log = Some(Instant::now());
-                }
-            }
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
-    }
-}
-
 fn log_bad(outcome: &Outcome, where_: &str) {
     for b in &outcome.bad {
         warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
-    }
-}
-
-/// Takes a lease for this node, retrying until one is held.
-async fn acquire<R: Registry>(
-    reg: &R,
-    cfg: &NetConfig,
-    node: &Node,
-    previous: Option<SubnetKey>,
-    attrs: &LeaseAttrs,
-    ttl: Duration,
-) -> (SubnetKey, SystemTime) {
-    let value = attrs.encode();
-    loop {
-        let listing = list_until_ok(reg).await;
-        let mut leases = Vec::new();
-        for e in &listing.entries {
-            match crate::lease::Lease::decode(&e.key, &e.value) {
-                Ok(l) => leases.push(l),
-                Err(reason) => warn!("skipping lease {} in {}: {reason}", e.key, reg.describe()),
-            }
-        }
-        for b in &listing.bad {
-            warn!(
-                "skipping lease {} in {}: {}",
-                b.key,
-                reg.describe(),
-                b.reason
-            );
-        }
-        let plan = match alloc::choose(cfg, &leases, node, previous, &mut |n| fastrand::usize(..n))
-        {
-            Ok(p) => p,
-            Err(e) => {
-                error!("{e}; retrying in 5 s");
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                continue;
-            }
-        };
-        for stale in &plan.stale {
-            info!("deleting this node's lease {stale}: it does not fit the network config");
-            if let Err(e) = reg.delete(stale).await {
-                warn!("deleting lease {stale}: {e}");
-            }
-        }
-        let (key, result) = match plan.action {
-            Action::Reuse(k) => (k, reg.renew(&k, &value, ttl).await),
-            Action::Create(k) => (k, reg.create(&k, &value, ttl).await),
-        };
-        match result {
-            Ok(expiry) => return (key, expiry),
-            Err(RegistryError::Exists(k)) => {
-                info!("subnet {k} was leased by another node meanwhile; choosing again");
-                tokio::time::sleep(Duration::from_millis(fastrand::u64(10..200))).await;
-            }
-            Err(e) => {
-                metrics::inc(&METRICS.registry_errors);
-                warn!("taking lease {key}: {e}; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 
@@ -271,15 +146,17 @@ async fn renew_forever<R: Registry>(
     }
 }
 
-/// Follows every other node's lease into `events`; returns when this node's lease is gone.
+/// Follows every other node's lease into `events`, the first listing as one batch even when
+/// it is empty; returns when this node's lease is gone.
 async fn follow<R: Registry>(
     reg: Arc<R>,
     own: SubnetKey,
     events: mpsc::Sender<Vec<crate::view::Event>>,
-) -> String {
+) -> LeaseLost {
     let mut view = LeaseView::new(own);
     let where_ = reg.describe();
     let mut first = true;
+    let mut first_listing = true;
     loop {
         if !std::mem::take(&mut first) {
             metrics::inc(&METRICS.resyncs);
@@ -295,7 +172,8 @@ async fn follow<R: Registry>(
         for b in &listing.bad {
             warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
         }
-        if let Some(lost) = deliver(outcome, &where_, own, &events).await {
+        let listed = std::mem::take(&mut first_listing);
+        if let Some(lost) = deliver(outcome, &where_, own, &events, listed).await {
             return lost;
         }
         metrics::set(&METRICS.leases_known, view.len() as u64);
@@ -314,7 +192,7 @@ async fn follow<R: Registry>(
                 outcome.bad.extend(more.bad);
                 outcome.own_removed |= more.own_removed;
             }
-            if let Some(lost) = deliver(outcome, &where_, own, &events).await {
+            if let Some(lost) = deliver(outcome, &where_, own, &events, false).await {
                 watcher.abort();
                 return lost;
             }
@@ -352,12 +230,15 @@ fn apply_change(view: &mut LeaseView, change: Change, where_: &str) -> Outcome {
     }
 }
 
+/// Logs and sends what changed (`always`: even nothing, for the first listing); says when this
+/// node's lease is gone.
 async fn deliver(
     outcome: Outcome,
     where_: &str,
     own: SubnetKey,
     events: &mpsc::Sender<Vec<crate::view::Event>>,
-) -> Option<String> {
+    always: bool,
+) -> Option<LeaseLost> {
     log_bad(&outcome, where_);
     for e in &outcome.events {
         match e {
@@ -365,12 +246,13 @@ async fn deliver(
             crate::view::Event::Removed(l) => info!("lease removed: {l}"),
         }
     }
-    if !outcome.events.is_empty() {
+    if always || !outcome.events.is_empty() {
         let _ = events.send(outcome.events).await;
     }
-    outcome
-        .own_removed
-        .then(|| format!("this node's lease {own} was removed from {where_}"))
+    outcome.own_removed.then(|| LeaseLost::Removed {
+        own,
+        where_: where_.to_string(),
+    })
 }
 
 /// The lease that carries this node's public address, if the registry answers at once.
@@ -392,11 +274,25 @@ async fn own_earlier_lease<R: Registry>(
 }
 
 /// Runs until stopped or the lease is lost.
-pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
-    let cfg = match wait_for_config(reg.as_ref()).await {
-        Ok(c) => c,
-        Err(e) => return Exit::BadStart(e.to_string()),
-    };
+pub async fn run<R: Registry>(
+    reg: Arc<R>,
+    settings: &Settings,
+    ifaces: Interfaces,
+    ready: Arc<AtomicBool>,
+) -> Exit {
+    match serve(reg, settings, ifaces, ready).await {
+        Ok(exit) => exit,
+        Err(e) => Exit::BadStart(e),
+    }
+}
+
+async fn serve<R: Registry>(
+    reg: Arc<R>,
+    settings: &Settings,
+    ifaces: Interfaces,
+    ready: Arc<AtomicBool>,
+) -> Result<Exit, StartError> {
+    let cfg = wait_for_config(reg.as_ref()).await?;
     info!(
         "network config: {}{}backend {}",
         cfg.ipv4
@@ -407,95 +303,85 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
             .unwrap_or_default(),
         cfg.backend_type
     );
-    let wanted = Wanted {
-        ipv4: cfg.ipv4.is_some(),
-        ipv6: cfg.ipv6.is_some(),
-        ..settings.wanted.clone()
-    };
-    let external = match iface::choose(&settings.links, &settings.routes, &wanted) {
-        Ok(e) => e,
-        Err(e) => return Exit::BadStart(e),
-    };
+    let ext = external(settings, &cfg, &ifaces)?;
     info!(
         "external interface {} (mtu {}), public address {}",
-        external.name,
-        external.mtu,
-        [
-            external.public_ip.map(|a| a.to_string()),
-            external.public_ipv6.map(|a| a.to_string())
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" ")
+        ext.name,
+        ext.mtu,
+        IpFamily::BOTH
+            .into_iter()
+            .filter_map(|f| ext.public(f).map(|a| a.to_string()))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
+    let backend = backend::select(&cfg)?;
+    let families = cfg.families();
+    backend
+        .check(&ext, &families)
+        .map_err(StartError::Backend)?;
     let node = Node {
-        public_ip: external.public_ip,
-        public_ipv6: external.public_ipv6,
+        public_ip: ext.public_ip,
+        public_ipv6: ext.public_ipv6,
     };
-    // This node's lease from before, for the VtepMAC it announced.
+    // This node's lease from before, for what its devices announced.
     let earlier = own_earlier_lease(reg.as_ref(), &cfg, &node).await;
-    let mut backend = match Datapath::new(&cfg, &external, earlier.as_ref()).await {
-        Ok(b) => b,
-        Err(e) => return Exit::BadStart(e),
-    };
-    let attrs = LeaseAttrs {
+    let conn = Conn::open()?;
+    let mut attrs = LeaseAttrs {
         public_ip: node.public_ip,
         public_ipv6: node.public_ipv6,
         backend_type: cfg.backend_type.clone(),
-        backend_data: backend.backend_data(),
-        backend_v6_data: backend.backend_v6_data(),
+        backend_data: None,
+        backend_v6_data: None,
     };
-    let previous = previous_key(&settings.subnet_file);
-    let (own, expiry) = acquire(reg.as_ref(), &cfg, &node, previous, &attrs, settings.ttl).await;
-    info!("leased subnet {own} in {}", reg.describe());
-    metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
-    if let Err(e) = backend.set_own(own).await {
-        // The reconciler keeps trying; the plugin may already use the subnet.
-        error!("setting up the datapath for {own}: {e}");
+    if backend.programs() {
+        let data =
+            netlink_plane::prepare(&conn, backend.as_ref(), &ext, &families, earlier.as_ref())
+                .await?;
+        for (family, data) in data {
+            attrs.set_backend_data(family, data);
+        }
     }
-
-    let masq = MasqSpec {
-        ipv4: cfg.ipv4.zip(own.ipv4).map(|(f, s)| (f.network, s)),
-        ipv6: cfg.ipv6.zip(own.ipv6).map(|(f, s)| (f.network, s)),
-        nftables: cfg.enable_nftables,
-        masq: settings.ip_masq,
-        random_fully: settings.random_fully,
-        forward_rules: settings.forward_rules,
+    let request = LeaseRequest {
+        config: &cfg,
+        node,
+        previous: previous_key(&settings.subnet_file),
+        attrs: &attrs,
+        ttl: settings.ttl,
     };
-    let keeper = if masq.masq || masq.forward_rules {
+    let (key, expiry) = reg.acquire(&request).await;
+    info!("leased subnet {key} in {}", reg.describe());
+    metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
+    let own = Lease {
+        key,
+        attrs: attrs.clone(),
+    };
+    let spec = NodeSpec::derive(settings, &cfg, &ext, &own)?;
+
+    let mut planes: Vec<Box<dyn Plane>> = Vec::new();
+    if backend.programs() {
+        planes.push(Box::new(NetlinkPlane::new(conn, spec.datapath.clone())));
+    }
+    if let Some(m) = spec.masq.clone() {
         // The old subnet.env says which rules an earlier lease left behind.
         let old = std::fs::read_to_string(&settings.subnet_file)
             .map(|t| masq::previous(&t))
             .unwrap_or((None, None));
-        let spec = masq.clone();
-        let first = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            masq::remove_other_mode(&spec).map_err(|e| e.to_string())?;
-            masq::remove_stale(old.0, old.1, &spec).map_err(|e| e.to_string())?;
-            masq::ensure(&spec).map_err(|e| e.to_string())?;
-            Ok(())
-        })
-        .await;
-        match first {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => error!(
-                "setting up the masquerade and forward rules: {e}; retrying every {:?}",
-                settings.iptables_resync
-            ),
-            Err(e) => error!("setting up the masquerade and forward rules: {e}"),
-        }
-        Some(tokio::spawn(masq::keep(masq, settings.iptables_resync)))
-    } else {
-        None
-    };
+        planes.push(Box::new(FirewallPlane::new(
+            m,
+            settings.iptables_resync,
+            Some(old),
+        )));
+    }
+    let mut reconciler = Reconciler::new(planes);
+    // The node's own part (devices, firewall) before the plugin is told the subnet.
+    reconciler.first_pass().await;
 
-    let env = subnet_env(&cfg, &own, backend.mtu(), settings.ip_masq);
-    if let Err(e) = env.write(&settings.subnet_file) {
+    if let Err(e) = spec.subnet_env.write(&settings.subnet_file) {
         // The plugin cannot work without it; keep serving and retry at the next renewal.
-        error!("writing {}: {e}", settings.subnet_file.display());
+        tracing::error!("writing {}: {e}", settings.subnet_file.display());
     } else {
         info!("wrote {}", settings.subnet_file.display());
-        settings.ready.store(true, Ordering::SeqCst);
+        ready.store(true, Ordering::SeqCst);
         match crate::notify::notify("READY=1") {
             Ok(true) => info!("told systemd the daemon is ready"),
             Ok(false) => {}
@@ -505,15 +391,15 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
 
     let renewer = tokio::spawn(renew_forever(
         reg.clone(),
-        own,
+        key,
         attrs.encode(),
         expiry,
         settings.ttl,
         settings.renew_margin,
     ));
     let (tx, rx) = mpsc::channel::<Vec<crate::view::Event>>(64);
-    let backend_task = tokio::spawn(backend.run(rx));
-    let follower = tokio::spawn(follow(reg.clone(), own, tx));
+    let reconciling = tokio::spawn(reconciler.run(rx));
+    let follower = tokio::spawn(follow(reg.clone(), key, tx));
 
     let exit = tokio::select! {
         s = stop_signal() => {
@@ -522,15 +408,12 @@ pub async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
         }
         lost = follower => match lost {
             Ok(why) => Exit::LeaseLost(why),
-            Err(e) => Exit::LeaseLost(format!("the lease watcher failed: {e}")),
+            Err(e) => Exit::LeaseLost(LeaseLost::Follower(e.to_string())),
         },
     };
     renewer.abort();
-    backend_task.abort();
-    if let Some(k) = keeper {
-        k.abort();
-    }
-    exit
+    reconciling.abort();
+    Ok(exit)
 }
 
 async fn stop_signal() -> &'static str {
@@ -552,7 +435,7 @@ async fn stop_signal() -> &'static str {
 mod tests {
     use super::*;
 
-    use crate::registry::{Entry, RegistryError};
+    use crate::registry::{Entry, Listing, RegistryError};
     use std::sync::atomic::AtomicUsize;
     use std::sync::Mutex;
 
@@ -677,33 +560,6 @@ mod tests {
         );
         assert_eq!(renew_retry(day), Duration::from_secs(60));
         assert_eq!(renew_retry(Duration::from_secs(8)), Duration::from_secs(2));
-    }
-
-    #[test]
-    fn subnet_env_is_flannels_byte_for_byte() {
-        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
-        let key = SubnetKey::parse("10.5.52.0-24").unwrap();
-        assert_eq!(
-            subnet_env(&cfg, &key, 1450, true).render(),
-            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
-        );
-        let cfg = config::parse(
-            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#,
-        )
-        .unwrap();
-        let key = SubnetKey::parse("10.5.52.0-24&fc00:0:0:1::-64").unwrap();
-        assert_eq!(
-            subnet_env(&cfg, &key, 1500, false).render(),
-            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:1::1/64\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n"
-        );
-        let cfg =
-            config::parse(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}"#)
-                .unwrap();
-        let key = SubnetKey::parse("0.0.0.0-0&fc00:0:0:7::-64").unwrap();
-        assert_eq!(
-            subnet_env(&cfg, &key, 1500, false).render(),
-            "FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:7::1/64\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n"
-        );
     }
 
     #[test]

@@ -26,14 +26,15 @@ fn regex(s: &str) -> Result<regex::Regex, String> {
     name = "flanneld",
     about = "The flannel fabric daemon: takes a subnet lease for this node, writes subnet.env for the \
              flannel CNI plugin and follows the other nodes' leases.",
-    after_help = "`flanneld doctor [FLAGS] [--json]` reads the registry and the kernel with the same \
-                  flags, without a daemon, and reports every missing, extra or wrong entry; exit \
-                  status 0 when all is right, 1 otherwise.",
+    after_help = "`flanneld doctor [FLAGS] [--json] [--fix]` reads the registry and the kernel with \
+                  the same flags, without a daemon, and reports every missing, extra or wrong \
+                  entry; --fix then writes them once and looks again. Exit status 0 when all is \
+                  (or, with --fix, has been made) right, 1 otherwise.",
     disable_version_flag = true
 )]
 pub struct Flags {
-    /// etcd v3 endpoints, comma separated. Without one, leases live in the embedded registry
-    /// (--registry-dir).
+    /// etcd v3 endpoints, comma separated. Without them and without --registry-dir, flanneld's
+    /// default: http://127.0.0.1:2379.
     #[arg(
         long,
         env = "FLANNELD_ETCD_ENDPOINTS",
@@ -184,14 +185,16 @@ pub struct Flags {
     )]
     pub net_config_path: PathBuf,
 
-    /// Directory of the embedded registry, shared by the daemons of one machine.
+    /// Keep leases in the embedded registry: this directory, shared by the daemons of one
+    /// machine as nodes share an etcd (for example /var/lib/flanneld/registry). Not with
+    /// --etcd-endpoints.
     #[arg(
         long,
         env = "FLANNELD_REGISTRY_DIR",
-        default_value = "/var/lib/flanneld/registry",
+        conflicts_with = "etcd_endpoints",
         value_name = "PATH"
     )]
-    pub registry_dir: PathBuf,
+    pub registry_dir: Option<PathBuf>,
 
     /// Not supported yet: refused with a message.
     #[arg(long, env = "FLANNELD_KUBE_SUBNET_MGR", value_parser = go_bool, num_args = 0..=1,
@@ -227,6 +230,11 @@ pub struct Flags {
     /// With `flanneld doctor`: print the report as JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// With `flanneld doctor`: write what is missing or wrong once (the daemon's pass, without
+    /// the daemon), then look again.
+    #[arg(long)]
+    pub fix: bool,
 
     /// Log lines as plain text, or as one JSON object each for log collectors.
     #[arg(long, env = "FLANNELD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -289,6 +297,20 @@ mod tests {
         assert!(!f.kube_subnet_mgr && f.set_node_network_unavailable);
         assert_eq!(f.kube_annotation_prefix, "flannel.alpha.coreos.com");
         assert_eq!((f.kube_api_url, f.kubeconfig_file), (None, None));
+        assert_eq!(f.registry_dir, None);
+    }
+
+    #[test]
+    fn two_registries_at_once_are_refused() {
+        let e = parse(&[
+            "--registry-dir",
+            "/tmp/r",
+            "--etcd-endpoints",
+            "http://e:2379",
+        ])
+        .unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--registry-dir"), "{e}");
     }
 
     #[test]

@@ -2,9 +2,64 @@
 //! `--iface` (names or addresses, in order), else `--iface-regex`, else `--iface-can-reach`,
 //! else the interface of the default route. The choice is pure; `gather` reads the kernel.
 
+use crate::family::IpFamily;
 use ipnetwork::IpNetwork;
 use regex::Regex;
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Why no external interface fits the flags: a bad start, naming the flag that found nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IfaceError {
+    /// `--iface`: none of these names or addresses.
+    NoSuchIface(Vec<String>),
+    /// `--iface-regex`: no name or address matches.
+    NoMatch(Vec<String>),
+    /// `--iface-can-reach`: no route to it.
+    Unreachable(IpAddr),
+    NoDefaultRoute,
+    /// The interface has no address of a family the network needs.
+    NoAddress {
+        iface: String,
+        family: IpFamily,
+    },
+}
+
+impl fmt::Display for IfaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IfaceError::NoSuchIface(names) => write!(
+                f,
+                "--iface {}: no interface of that name or address",
+                names.join(",")
+            ),
+            IfaceError::NoMatch(res) => write!(
+                f,
+                "--iface-regex {}: no interface name or address matches",
+                res.join(",")
+            ),
+            IfaceError::Unreachable(dst) => {
+                write!(f, "--iface-can-reach {dst}: no route reaches it")
+            }
+            IfaceError::NoDefaultRoute => f.write_str(
+                "no default route to find the external interface by; name one with --iface",
+            ),
+            IfaceError::NoAddress { iface, family } => {
+                let flag = match family {
+                    IpFamily::V4 => "--public-ip",
+                    IpFamily::V6 => "--public-ipv6",
+                };
+                write!(
+                    f,
+                    "interface {iface} has no {} address; give one with {flag}",
+                    family.name()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for IfaceError {}
 
 /// What the kernel says about one link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +75,13 @@ pub struct LinkFacts {
 pub struct Route {
     pub dst: IpNetwork,
     pub oif: Option<u32>,
+}
+
+/// The links and the main table, as the kernel told them before the daemon started.
+#[derive(Debug, Clone, Default)]
+pub struct Interfaces {
+    pub links: Vec<LinkFacts>,
+    pub routes: Vec<Route>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -46,6 +108,42 @@ pub struct External {
     pub public_ipv6: Option<Ipv6Addr>,
     /// The interface's addresses with their prefixes.
     pub addrs: Vec<IpNetwork>,
+}
+
+impl External {
+    /// The interface's own address of one family.
+    pub fn iface_ip(&self, family: IpFamily) -> Option<IpAddr> {
+        match family {
+            IpFamily::V4 => self.iface_ip.map(IpAddr::V4),
+            IpFamily::V6 => self.iface_ipv6.map(IpAddr::V6),
+        }
+    }
+
+    /// The address of one family that goes into the lease.
+    pub fn public(&self, family: IpFamily) -> Option<IpAddr> {
+        match family {
+            IpFamily::V4 => self.public_ip.map(IpAddr::V4),
+            IpFamily::V6 => self.public_ipv6.map(IpAddr::V6),
+        }
+    }
+}
+
+#[cfg(test)]
+impl External {
+    /// eth0 (index 2, MTU 1500) at 192.168.0.1/24 and fd00::1, its own public addresses: the
+    /// node of the unit tests.
+    pub fn example() -> External {
+        External {
+            index: 2,
+            name: "eth0".into(),
+            mtu: 1500,
+            iface_ip: "192.168.0.1".parse().ok(),
+            iface_ipv6: "fd00::1".parse().ok(),
+            public_ip: "192.168.0.1".parse().ok(),
+            public_ipv6: "fd00::1".parse().ok(),
+            addrs: vec!["192.168.0.1/24".parse().unwrap()],
+        }
+    }
 }
 
 /// A link-local address (169.254/16, fe80::/10): never a node's public one, never stale.
@@ -89,7 +187,11 @@ fn route_to(routes: &[Route], dst: IpAddr) -> Option<&Route> {
 }
 
 /// Picks the external interface; the error says which flag found nothing.
-pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<External, String> {
+pub fn choose(
+    links: &[LinkFacts],
+    routes: &[Route],
+    want: &Wanted,
+) -> Result<External, IfaceError> {
     let by_index = |i: u32| links.iter().find(|l| l.index == i);
     let link = if !want.iface.is_empty() {
         want.iface
@@ -98,12 +200,7 @@ pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<Ex
                 Ok(ip) => links.iter().find(|l| l.addrs.iter().any(|a| a.ip() == ip)),
                 Err(_) => links.iter().find(|l| &l.name == w),
             })
-            .ok_or_else(|| {
-                format!(
-                    "--iface {}: no interface of that name or address",
-                    want.iface.join(",")
-                )
-            })?
+            .ok_or_else(|| IfaceError::NoSuchIface(want.iface.clone()))?
     } else if !want.iface_regex.is_empty() {
         want.iface_regex
             .iter()
@@ -118,17 +215,18 @@ pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<Ex
                     .or_else(|| links.iter().find(|l| re.is_match(&l.name)))
             })
             .ok_or_else(|| {
-                let res: Vec<&str> = want.iface_regex.iter().map(Regex::as_str).collect();
-                format!(
-                    "--iface-regex {}: no interface name or address matches",
-                    res.join(",")
+                IfaceError::NoMatch(
+                    want.iface_regex
+                        .iter()
+                        .map(|re| re.as_str().to_string())
+                        .collect(),
                 )
             })?
     } else if let Some(dst) = want.iface_can_reach {
         route_to(routes, dst)
             .and_then(|r| r.oif)
             .and_then(by_index)
-            .ok_or_else(|| format!("--iface-can-reach {dst}: no route reaches it"))?
+            .ok_or(IfaceError::Unreachable(dst))?
     } else {
         let default: IpAddr = if want.ipv4 {
             Ipv4Addr::UNSPECIFIED.into()
@@ -139,26 +237,22 @@ pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<Ex
             .iter()
             .filter(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() == default.is_ipv4())
             .find_map(|r| r.oif.and_then(by_index))
-            .ok_or_else(|| {
-                "no default route to find the external interface by; name one with --iface"
-                    .to_string()
-            })?
+            .ok_or(IfaceError::NoDefaultRoute)?
     };
     let iface_ip = first_v4(link);
     let iface_ipv6 = first_v6(link);
     let public_ip = want.public_ip.or(iface_ip);
     let public_ipv6 = want.public_ipv6.or(iface_ipv6);
-    if want.ipv4 && public_ip.is_none() {
-        return Err(format!(
-            "interface {} has no IPv4 address; give one with --public-ip",
-            link.name
-        ));
-    }
-    if want.ipv6 && public_ipv6.is_none() {
-        return Err(format!(
-            "interface {} has no IPv6 address; give one with --public-ipv6",
-            link.name
-        ));
+    for (wanted, found, family) in [
+        (want.ipv4, public_ip.is_some(), IpFamily::V4),
+        (want.ipv6, public_ipv6.is_some(), IpFamily::V6),
+    ] {
+        if wanted && !found {
+            return Err(IfaceError::NoAddress {
+                iface: link.name.clone(),
+                family,
+            });
+        }
     }
     Ok(External {
         index: link.index,
@@ -174,27 +268,26 @@ pub fn choose(links: &[LinkFacts], routes: &[Route], want: &Wanted) -> Result<Ex
 
 /// Reads the links, their addresses and the main table from the kernel (this thread's
 /// namespace); called before the async runtime starts.
-pub fn gather() -> Result<(Vec<LinkFacts>, Vec<Route>), String> {
-    let nl = cni_kernel::Netlink::open().map_err(|e| e.to_string())?;
+pub fn gather() -> Result<Interfaces, cni_kernel::Error> {
+    let nl = cni_kernel::Netlink::open()?;
     let mut links = Vec::new();
-    for l in nl.links().map_err(|e| e.to_string())? {
+    for l in nl.links()? {
         links.push(LinkFacts {
             index: l.index,
-            addrs: nl.addresses(l.index).map_err(|e| e.to_string())?,
+            addrs: nl.addresses(l.index)?,
             name: l.name,
             mtu: l.mtu.unwrap_or(1500),
         });
     }
     let routes = nl
-        .routes()
-        .map_err(|e| e.to_string())?
+        .routes()?
         .into_iter()
         .map(|r| Route {
             dst: r.dst,
             oif: r.oif,
         })
         .collect();
-    Ok((links, routes))
+    Ok(Interfaces { links, routes })
 }
 
 #[cfg(test)]
@@ -277,6 +370,7 @@ mod tests {
         };
         assert!(choose(&links(), &routes(), &w)
             .unwrap_err()
+            .to_string()
             .contains("--iface nope"));
     }
 
@@ -318,7 +412,7 @@ mod tests {
     #[test]
     fn no_default_route_or_no_address_is_an_error_naming_the_fix() {
         let e = choose(&links(), &routes()[1..], &want()).unwrap_err();
-        assert!(e.contains("--iface"), "{e}");
+        assert!(e.to_string().contains("--iface"), "{e}");
         let w = Wanted {
             iface: vec!["eth1".into()],
             ipv6: true,
@@ -326,6 +420,7 @@ mod tests {
         };
         assert!(choose(&links(), &routes(), &w)
             .unwrap_err()
+            .to_string()
             .contains("--public-ipv6"));
     }
 }

@@ -1,11 +1,35 @@
 //! A node's subnet lease in flannel's schema: the key names the subnet(s), the value is
 //! flannel's `LeaseAttrs` JSON, byte for byte as flanneld writes and reads it.
 
-use ipnetwork::{Ipv4Network, Ipv6Network};
+use crate::family::IpFamily;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Why a stored lease cannot be read: outside data, logged with its key and skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadLease {
+    /// The key's last element is not a subnet.
+    Key(String),
+    /// The value is not a JSON object.
+    NotObject,
+    /// The value does not decode as flannel's lease attributes.
+    Value(String),
+}
+
+impl fmt::Display for BadLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadLease::Key(key) => write!(f, "{key:?} is not a subnet key (like 10.5.52.0-24)"),
+            BadLease::NotObject => f.write_str("not a lease value: not a JSON object"),
+            BadLease::Value(why) => write!(f, "not a lease value: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BadLease {}
 
 /// The subnet(s) a lease holds; at least one family is present.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -30,8 +54,8 @@ impl fmt::Display for SubnetKey {
 
 impl SubnetKey {
     /// Parses the last path element of a lease key.
-    pub fn parse(key: &str) -> Result<SubnetKey, String> {
-        let bad = || format!("{key:?} is not a subnet key (like 10.5.52.0-24)");
+    pub fn parse(key: &str) -> Result<SubnetKey, BadLease> {
+        let bad = || BadLease::Key(key.to_string());
         let (v4, v6) = match key.split_once('&') {
             Some((a, b)) => (a, Some(b)),
             None => (key, None),
@@ -65,6 +89,14 @@ impl SubnetKey {
             return Err(bad());
         }
         Ok(SubnetKey { ipv4, ipv6 })
+    }
+
+    /// The subnet of one family, if the lease holds one.
+    pub fn subnet(&self, family: IpFamily) -> Option<IpNetwork> {
+        match family {
+            IpFamily::V4 => self.ipv4.map(IpNetwork::V4),
+            IpFamily::V6 => self.ipv6.map(IpNetwork::V6),
+        }
     }
 }
 
@@ -130,12 +162,36 @@ impl LeaseAttrs {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    pub fn decode(value: &[u8]) -> Result<LeaseAttrs, String> {
+    pub fn decode(value: &[u8]) -> Result<LeaseAttrs, BadLease> {
         // serde would also take an array for a struct; Go's decoder takes only an object.
         if value.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err("not a lease value: not a JSON object".into());
+            return Err(BadLease::NotObject);
         }
-        serde_json::from_slice(value).map_err(|e| format!("not a lease value: {e}"))
+        serde_json::from_slice(value).map_err(|e| BadLease::Value(e.to_string()))
+    }
+
+    /// The public address of one family.
+    pub fn public(&self, family: IpFamily) -> Option<IpAddr> {
+        match family {
+            IpFamily::V4 => self.public_ip.map(IpAddr::V4),
+            IpFamily::V6 => self.public_ipv6.map(IpAddr::V6),
+        }
+    }
+
+    /// The backend's data for one family (`BackendData`, `BackendV6Data`).
+    pub fn backend_data_of(&self, family: IpFamily) -> Option<&RawValue> {
+        match family {
+            IpFamily::V4 => self.backend_data.as_deref(),
+            IpFamily::V6 => self.backend_v6_data.as_deref(),
+        }
+    }
+
+    /// Sets the backend's data of one family.
+    pub fn set_backend_data(&mut self, family: IpFamily, data: Option<Box<RawValue>>) {
+        match family {
+            IpFamily::V4 => self.backend_data = data,
+            IpFamily::V6 => self.backend_v6_data = data,
+        }
     }
 }
 
@@ -164,7 +220,7 @@ impl fmt::Display for Lease {
 
 impl Lease {
     /// Decodes a stored lease from its key's last element and its value.
-    pub fn decode(key: &str, value: &[u8]) -> Result<Lease, String> {
+    pub fn decode(key: &str, value: &[u8]) -> Result<Lease, BadLease> {
         Ok(Lease {
             key: SubnetKey::parse(key)?,
             attrs: LeaseAttrs::decode(value)?,

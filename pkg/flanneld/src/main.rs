@@ -1,12 +1,14 @@
 //! flanneld: flags, logging, the kernel's view of the interfaces, then the daemon.
 
 use clap::Parser;
-use flanneld::daemon::{self, Exit, Settings};
+use flanneld::daemon::{self, Exit};
+use flanneld::doctor;
 use flanneld::flags::{normalise_args, Flags};
-use flanneld::iface::Wanted;
+use flanneld::iface::Interfaces;
 use flanneld::registry::dir::DirRegistry;
-use flanneld::registry::etcd::{EtcdOptions, EtcdRegistry};
+use flanneld::registry::etcd::EtcdRegistry;
 use flanneld::registry::Registry;
+use flanneld::settings::{RegistryChoice, Settings};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -54,22 +56,12 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    if flags.etcd_endpoints.is_empty() {
-        info!(
-            "no --etcd-endpoints given: using the embedded registry in {}",
-            flags.registry_dir.display()
-        );
-    } else {
-        info!(
-            "leases in etcd at {} under {}",
-            flags.etcd_endpoints.join(","),
-            flags.etcd_prefix
-        );
-    }
+    let settings = Settings::from_flags(&flags);
+    info!("{}", settings.registry.describe());
 
     // Netlink is read here, synchronously, before the async runtime starts.
-    let (links, routes) = match flanneld::iface::gather() {
-        Ok(v) => v,
+    let ifaces = match flanneld::iface::gather() {
+        Ok(i) => i,
         Err(e) => {
             error!("reading the interfaces and routes: {e}");
             return ExitCode::from(1);
@@ -86,19 +78,15 @@ fn main() -> ExitCode {
         }
     };
     let code = if doctor {
-        runtime.block_on(doctor_run(flags, links, routes))
+        runtime.block_on(doctor_run(&flags, &settings, ifaces))
     } else {
-        runtime.block_on(serve(flags, links, routes))
+        runtime.block_on(serve(&flags, &settings, ifaces))
     };
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
 }
 
-async fn serve(
-    flags: Flags,
-    links: Vec<flanneld::iface::LinkFacts>,
-    routes: Vec<flanneld::iface::Route>,
-) -> ExitCode {
+async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
     let ready = Arc::new(AtomicBool::new(false));
     if flags.healthz_port != 0 {
         let addr = SocketAddr::new(flags.healthz_ip, flags.healthz_port);
@@ -108,47 +96,34 @@ async fn serve(
         }
         info!("health endpoints on http://{addr}/healthz and /readyz");
     }
-    let settings = Settings {
-        wanted: wanted(&flags),
-        links,
-        routes,
-        subnet_file: flags.subnet_file.clone(),
-        ip_masq: flags.ip_masq,
-        random_fully: !flags.ip_masq_fully_random_disable,
-        forward_rules: flags.iptables_forward_rules,
-        iptables_resync: Duration::from_secs(flags.iptables_resync),
-        ttl: Duration::from_secs(flags.subnet_lease_ttl),
-        renew_margin: Duration::from_secs(u64::from(flags.subnet_lease_renew_margin) * 60),
-        ready,
-    };
-    let exit = if flags.etcd_endpoints.is_empty() {
-        match DirRegistry::open(&flags.registry_dir, &flags.net_config_path) {
-            Ok(reg) => run(Arc::new(reg), settings).await,
+    let exit = match &settings.registry {
+        RegistryChoice::Dir { root, net_config } => match DirRegistry::open(root, net_config) {
+            Ok(reg) => run(Arc::new(reg), settings, ifaces, ready).await,
             Err(e) => {
-                error!("--registry-dir {}: {e}", flags.registry_dir.display());
+                error!("--registry-dir {}: {e}", root.display());
                 return ExitCode::from(2);
             }
-        }
-    } else {
-        let opts = etcd_options(&flags);
-        if let Err(e) = EtcdRegistry::connect_options(&opts) {
-            error!("{e}");
-            return ExitCode::from(2);
-        }
-        let mut last_log: Option<Instant> = None;
-        let reg = loop {
-            match EtcdRegistry::connect(opts.clone()).await {
-                Ok(r) => break r,
-                Err(e) => {
-                    if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
-                        warn!("{e}; retrying every second");
-                        last_log = Some(Instant::now());
-                    }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+        },
+        RegistryChoice::Etcd { options, .. } => {
+            if let Err(e) = EtcdRegistry::connect_options(options) {
+                error!("{e}");
+                return ExitCode::from(2);
             }
-        };
-        run(Arc::new(reg), settings).await
+            let mut last_log: Option<Instant> = None;
+            let reg = loop {
+                match EtcdRegistry::connect(options.clone()).await {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                            warn!("{e}; retrying every second");
+                            last_log = Some(Instant::now());
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
+            };
+            run(Arc::new(reg), settings, ifaces, ready).await
+        }
     };
     match exit {
         Exit::Stopped => ExitCode::SUCCESS,
@@ -163,56 +138,33 @@ async fn serve(
     }
 }
 
-async fn run<R: Registry>(reg: Arc<R>, settings: Settings) -> Exit {
+async fn run<R: Registry>(
+    reg: Arc<R>,
+    settings: &Settings,
+    ifaces: Interfaces,
+    ready: Arc<AtomicBool>,
+) -> Exit {
     info!("registry: {}", reg.describe());
-    daemon::run(reg, settings).await
-}
-
-fn wanted(flags: &Flags) -> Wanted {
-    Wanted {
-        iface: flags.iface.clone(),
-        iface_regex: flags.iface_regex.clone(),
-        iface_can_reach: flags.iface_can_reach,
-        public_ip: flags.public_ip,
-        public_ipv6: flags.public_ipv6,
-        ipv4: true,
-        ipv6: false,
-    }
+    daemon::run(reg, settings, ifaces, ready).await
 }
 
 /// `flanneld doctor`: one look at the registry and the kernel, no daemon.
-async fn doctor_run(
-    flags: Flags,
-    links: Vec<flanneld::iface::LinkFacts>,
-    routes: Vec<flanneld::iface::Route>,
-) -> ExitCode {
-    let w = wanted(&flags);
-    let masq = (
-        flags.ip_masq,
-        !flags.ip_masq_fully_random_disable,
-        flags.iptables_forward_rules,
-    );
-    let report = if flags.etcd_endpoints.is_empty() {
-        match DirRegistry::open(&flags.registry_dir, &flags.net_config_path) {
-            Ok(reg) => {
-                flanneld::doctor::examine(&reg, &w, (&links, &routes), &flags.subnet_file, masq)
-                    .await
-            }
+async fn doctor_run(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
+    let report = match &settings.registry {
+        RegistryChoice::Dir { root, net_config } => match DirRegistry::open(root, net_config) {
+            Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
             Err(e) => {
-                error!("--registry-dir {}: {e}", flags.registry_dir.display());
+                error!("--registry-dir {}: {e}", root.display());
                 return ExitCode::from(2);
             }
-        }
-    } else {
-        let opts = etcd_options(&flags);
-        match EtcdRegistry::connect(opts).await {
-            Ok(reg) => {
-                flanneld::doctor::examine(&reg, &w, (&links, &routes), &flags.subnet_file, masq)
-                    .await
-            }
-            Err(e) => {
-                error!("{e}");
-                return ExitCode::from(1);
+        },
+        RegistryChoice::Etcd { options, .. } => {
+            match EtcdRegistry::connect(options.clone()).await {
+                Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
+                Err(e) => {
+                    error!("{e}");
+                    return ExitCode::from(1);
+                }
             }
         }
     };
@@ -228,17 +180,5 @@ async fn doctor_run(
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
-    }
-}
-
-fn etcd_options(flags: &Flags) -> EtcdOptions {
-    EtcdOptions {
-        endpoints: flags.etcd_endpoints.clone(),
-        prefix: flags.etcd_prefix.trim_end_matches('/').to_string(),
-        keyfile: flags.etcd_keyfile.clone(),
-        certfile: flags.etcd_certfile.clone(),
-        cafile: flags.etcd_cafile.clone(),
-        username: flags.etcd_username.clone(),
-        password: flags.etcd_password.clone(),
     }
 }

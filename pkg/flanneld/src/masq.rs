@@ -3,23 +3,18 @@
 //! `FLANNEL-POSTRTG` (nat) and `FLANNEL-FWD` (filter), or with `EnableNFTables` the tables
 //! `flannel-ipv4` / `flannel-ipv6` with chains `postrtg` and `forward`.
 //!
-//! The rule text and the comparison with what the kernel holds are pure; [`ensure`],
-//! [`remove_other_mode`], [`remove_stale`] and [`keep`] read the rules through
-//! `cni_kernel::firewall` and write what is missing in one batch per tool.
-//!
-//! At start: [`remove_other_mode`], then [`remove_stale`] with [`previous`] of the subnet.env
-//! about to be replaced, then [`ensure`]; then [`keep`] for the daemon's life. Nothing is
-//! removed at exit, so that a restart leaves the rules, and the traffic, as they were.
+//! The rule text and the comparison with what the kernel holds are pure; [`check`],
+//! [`ensure`], [`remove_other_mode`] and [`remove_stale`] read the rules through
+//! `cni_kernel::firewall` and write what is missing in one batch per tool. The firewall plane
+//! (`crate::planes::firewall`) calls them: at start [`remove_other_mode`], then
+//! [`remove_stale`] with [`previous`] of the subnet.env about to be replaced, then [`ensure`];
+//! then [`ensure`] every `--iptables-resync`. Nothing is removed at exit, so that a restart
+//! leaves the rules, and the traffic, as they were.
 
-use crate::config::NetConfig;
-use crate::flags::Flags;
-use crate::lease::SubnetKey;
 use cni_kernel::firewall::{Family, Iptables, Nftables, RuleTool};
 use cni_kernel::{Error, Result};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::Value;
-use std::sync::Arc;
-use std::time::Duration;
 
 pub const POSTRTG_CHAIN: &str = "FLANNEL-POSTRTG";
 pub const FWD_CHAIN: &str = "FLANNEL-FWD";
@@ -94,19 +89,6 @@ fn nets(
 }
 
 impl MasqSpec {
-    /// The rules for this node's lease `own` in `cfg`'s networks, with the command line's
-    /// `--ip-masq`, `--ip-masq-fully-random-disable` and `--iptables-forward-rules`.
-    pub fn new(flags: &Flags, cfg: &NetConfig, own: &SubnetKey) -> MasqSpec {
-        MasqSpec {
-            ipv4: cfg.ipv4.zip(own.ipv4).map(|(f, s)| (f.network, s)),
-            ipv6: cfg.ipv6.zip(own.ipv6).map(|(f, s)| (f.network, s)),
-            nftables: cfg.enable_nftables,
-            masq: flags.ip_masq,
-            random_fully: !flags.ip_masq_fully_random_disable,
-            forward_rules: flags.iptables_forward_rules,
-        }
-    }
-
     pub fn nets(&self) -> Vec<Net> {
         nets(self.ipv4, self.ipv6)
     }
@@ -649,72 +631,64 @@ fn nft_listing(family: Family) -> Result<Option<String>> {
     Nftables.list(&["table", ip, table])
 }
 
+/// What the firewall needs for `spec`, family by family: read and planned, nothing written.
+fn plans(spec: &MasqSpec) -> Result<Vec<(Family, Plan)>> {
+    let mut out = Vec::new();
+    for net in spec.nets() {
+        let plan = if spec.nftables {
+            let listing = nft_listing(net.family)?;
+            nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))?
+        } else {
+            let chains = iptables_chains(&net, spec);
+            if chains.is_empty() {
+                continue;
+            }
+            let nat = iptables_saved(net.family, "nat")?;
+            let filter = iptables_saved(net.family, "filter")?;
+            iptables_plan(&nat, &filter, &chains)
+        };
+        out.extend(plan.map(|p| (net.family, p)));
+    }
+    Ok(out)
+}
+
 /// What is missing or wrong in the firewall for `spec`, read only (for `flanneld doctor`).
 pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
-    let mut reasons = Vec::new();
-    for net in spec.nets() {
-        if spec.nftables {
-            let listing = nft_listing(net.family)?;
-            if let Some(plan) = nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))? {
-                reasons.extend(plan.reasons);
-            }
-            continue;
-        }
-        let chains = iptables_chains(&net, spec);
-        if chains.is_empty() {
-            continue;
-        }
-        let nat = iptables_saved(net.family, "nat")?;
-        let filter = iptables_saved(net.family, "filter")?;
-        if let Some(plan) = iptables_plan(&nat, &filter, &chains) {
-            reasons.extend(plan.reasons);
-        }
-    }
-    Ok(reasons)
+    Ok(plans(spec)?
+        .into_iter()
+        .flat_map(|(_, plan)| plan.reasons)
+        .collect())
 }
 
 /// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
 /// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
 /// nothing when all is right. Returns whether it wrote anything.
 pub fn ensure(spec: &MasqSpec) -> Result<bool> {
+    let plans = plans(spec)?;
+    if plans.is_empty() {
+        return Ok(false);
+    }
     if spec.nftables {
         let mut batch = String::new();
-        for net in spec.nets() {
-            let listing = nft_listing(net.family)?;
-            if let Some(plan) = nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))? {
-                tracing::info!("restoring nftables rules: {}", plan.reasons.join("; "));
-                batch.push_str(&plan.batch);
-            }
-        }
-        if batch.is_empty() {
-            return Ok(false);
+        for (_, plan) in &plans {
+            tracing::info!("restoring nftables rules: {}", plan.reasons.join("; "));
+            batch.push_str(&plan.batch);
         }
         Nftables
             .apply(&batch)
             .map_err(|e| e.context("writing the masquerade rules"))?;
         return Ok(true);
     }
-    let mut changed = false;
-    for net in spec.nets() {
-        let chains = iptables_chains(&net, spec);
-        if chains.is_empty() {
-            continue;
-        }
-        let nat = iptables_saved(net.family, "nat")?;
-        let filter = iptables_saved(net.family, "filter")?;
-        if let Some(plan) = iptables_plan(&nat, &filter, &chains) {
-            tracing::info!(
-                "restoring {:?} iptables rules: {}",
-                net.family,
-                plan.reasons.join("; ")
-            );
-            Iptables(net.family)
-                .apply(&plan.batch)
-                .map_err(|e| e.context("writing the masquerade rules"))?;
-            changed = true;
-        }
+    for (family, plan) in &plans {
+        tracing::info!(
+            "restoring {family:?} iptables rules: {}",
+            plan.reasons.join("; ")
+        );
+        Iptables(*family)
+            .apply(&plan.batch)
+            .map_err(|e| e.context("writing the masquerade rules"))?;
     }
-    Ok(changed)
+    Ok(true)
 }
 
 /// Removes the rules of the mode `spec` does not use (iptables chains in nftables mode, our
@@ -805,33 +779,6 @@ pub fn remove_stale(
     Ok(changed)
 }
 
-/// How [`keep`] checks the rules: [`ensure`], or in tests the same inside a namespace.
-pub type Ensure = Arc<dyn Fn(&MasqSpec) -> Result<bool> + Send + Sync>;
-
-/// Checks the rules every `every` (`--iptables-resync`) and restores what is missing, off the
-/// async threads; logs what it restored and any failure, and goes on. Never returns.
-pub async fn keep(spec: MasqSpec, every: Duration) {
-    keep_with(spec, every, Arc::new(ensure)).await
-}
-
-/// [`keep`] with the check given.
-pub async fn keep_with(spec: MasqSpec, every: Duration, check: Ensure) {
-    let spec = Arc::new(spec);
-    loop {
-        tokio::time::sleep(every).await;
-        let (spec, check) = (spec.clone(), check.clone());
-        match tokio::task::spawn_blocking(move || check(&spec)).await {
-            Ok(Ok(true)) => {
-                crate::metrics::inc(&crate::metrics::METRICS.masq_restores);
-                tracing::info!("masquerade rules restored")
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => tracing::error!("checking the masquerade rules: {e}"),
-            Err(e) => tracing::error!("checking the masquerade rules: the check failed: {e}"),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -917,40 +864,6 @@ mod tests {
             ..spec()
         };
         assert_eq!(iptables_chains(&v4(), &no_fwd).len(), 1);
-    }
-
-    #[test]
-    fn the_spec_follows_the_flags_the_config_and_the_lease() {
-        let flags = <crate::flags::Flags as clap::Parser>::try_parse_from([
-            "flanneld",
-            "--ip-masq",
-            "--ip-masq-fully-random-disable",
-            "--iptables-forward-rules=false",
-        ])
-        .unwrap();
-        let cfg = crate::config::parse(
-            r#"{"Network":"10.5.0.0/16","IPv6Network":"fd00:5::/56","EnableIPv6":true,"EnableNFTables":true}"#,
-        )
-        .unwrap();
-        let own = SubnetKey {
-            ipv4: Some("10.5.1.0/24".parse().unwrap()),
-            ipv6: None,
-        };
-        let s = MasqSpec::new(&flags, &cfg, &own);
-        assert_eq!(
-            s,
-            MasqSpec {
-                ipv4: Some((
-                    "10.5.0.0/16".parse().unwrap(),
-                    "10.5.1.0/24".parse().unwrap()
-                )),
-                ipv6: None,
-                nftables: true,
-                masq: true,
-                random_fully: false,
-                forward_rules: false,
-            }
-        );
     }
 
     #[test]

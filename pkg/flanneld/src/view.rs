@@ -78,7 +78,7 @@ impl LeaseView {
                 }
                 out.bad.push(BadEntry {
                     key: key.to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 });
             }
         }
@@ -114,7 +114,7 @@ impl LeaseView {
                 }
                 Err(reason) => out.bad.push(BadEntry {
                     key: key.to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }

@@ -205,3 +205,90 @@ fn json_logs_are_one_object_per_line() {
     }
     assert_eq!(run(&["--log-format", "xml"]).status.code(), Some(2));
 }
+
+fn first_line(d: &Daemon) -> String {
+    d.log_text().lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn without_a_registry_named_leases_go_to_flanneld_s_default_etcd_endpoint_and_the_first_line_says_so(
+) {
+    let node = Node::new("fcr");
+    let etcd = Etcd::start(&node);
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
+    );
+    // Neither --etcd-endpoints nor --registry-dir: flanneld's http://127.0.0.1:2379.
+    let a = Daemon::start(&node, "a", &["--iface", "eth0"], &[]);
+    let subnet = a.subnet(T);
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    let first = first_line(&a);
+    assert!(
+        first.contains("no --etcd-endpoints or --registry-dir given")
+            && first.contains("default endpoint http://127.0.0.1:2379"),
+        "{first}"
+    );
+    // Named: the same etcd, said so.
+    let b = Daemon::start(
+        &node,
+        "b",
+        &[
+            "--etcd-endpoints",
+            &etcd.client_url,
+            "--iface",
+            "eth0",
+            "--public-ip",
+            "192.168.100.12",
+        ],
+        &[],
+    );
+    let subnet = b.subnet(T);
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    let first = first_line(&b);
+    assert!(
+        first.contains("leases in etcd at http://127.0.0.1:2379 under /coreos.com/network"),
+        "{first}"
+    );
+}
+
+#[test]
+fn the_registry_dir_from_the_environment_chooses_the_embedded_registry() {
+    let node = Node::new("fcd");
+    let reg = node.path("registry");
+    std::fs::create_dir_all(&reg).unwrap();
+    std::fs::write(
+        reg.join("config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
+    )
+    .unwrap();
+    let a = Daemon::start(
+        &node,
+        "a",
+        &[],
+        &[("FLANNELD_REGISTRY_DIR", reg.to_str().unwrap())],
+    );
+    let subnet = a.subnet(T);
+    assert!(reg.join("subnets").join(key_of(&subnet)).exists());
+    let first = first_line(&a);
+    assert!(
+        first.contains(&format!("using the embedded registry in {}", reg.display())),
+        "{first}"
+    );
+}
+
+#[test]
+fn two_registries_at_once_are_refused() {
+    let out = Command::new(FLANNELD)
+        .args(["--etcd-endpoints", "http://127.0.0.1:2379"])
+        .env("FLANNELD_REGISTRY_DIR", "/tmp/nowhere")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--registry-dir") && err.contains("--etcd-endpoints"),
+        "{err}"
+    );
+}

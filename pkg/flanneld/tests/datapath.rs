@@ -696,6 +696,15 @@ fn metrics_move_with_leases_and_repairs() {
 }
 
 fn doctor(node: &Node, reg: &str, subnet_file: &std::path::Path, json: bool) -> (i32, String) {
+    doctor_with(node, reg, subnet_file, if json { &["--json"] } else { &[] })
+}
+
+fn doctor_with(
+    node: &Node,
+    reg: &str,
+    subnet_file: &std::path::Path,
+    extra: &[&str],
+) -> (i32, String) {
     let file = subnet_file.display().to_string();
     let mut args = vec![
         "doctor",
@@ -707,9 +716,7 @@ fn doctor(node: &Node, reg: &str, subnet_file: &std::path::Path, json: bool) -> 
         &file,
         "--ip-masq",
     ];
-    if json {
-        args.push("--json");
-    }
+    args.extend_from_slice(extra);
     let out = node.ns.try_run(FLANNELD, &args);
     (
         out.status.code().unwrap_or(-1),
@@ -764,7 +771,10 @@ fn doctor_names_each_broken_entry() {
     let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
     assert_eq!(code, 1, "{text}");
     for want in [
-        format!("route      missing  {} via {}", p.sub_b, p.net_b),
+        format!(
+            "route      missing  {} via {} dev flannel.1 onlink",
+            p.sub_b, p.net_b
+        ),
         format!("neighbour  missing  {}", p.net_b),
         "route      extra    10.9.250.0/24".to_string(),
         format!("fdb        missing  {mac} dst 192.168.100.2"),
@@ -781,6 +791,23 @@ fn doctor_names_each_broken_entry() {
         .map(|a| a.iter().filter(|f| f["state"] == "missing").count())
         .unwrap_or(0);
     assert_eq!(missing, 3, "{json}");
+
+    // --fix: the daemon's pass, once, without the daemon; then all is right.
+    let (code, text) = doctor_with(&p.a, &reg, &p.da.subnet_file, &["--fix"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("--fix: wrote"), "{text}");
+    assert!(text.ends_with("all right\n"), "{text}");
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    assert!(!p
+        .a
+        .ns
+        .run("ip", &["route", "show"])
+        .contains("10.9.250.0/24"));
+    assert!(std::fs::read_to_string(&p.da.subnet_file)
+        .unwrap()
+        .contains("FLANNEL_MTU=1450"));
+    let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
+    assert_eq!(code, 0, "{text}");
 }
 
 #[test]

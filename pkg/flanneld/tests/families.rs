@@ -8,13 +8,17 @@
 //! there once it settles. `desired_for` and `env_for` are the only places that know how the
 //! daemon's pieces are put together.
 
+use clap::Parser;
 use cni_kernel::netlink::Route;
 use flanneld::alloc::{self, Action};
-use flanneld::backend::desired::{desired, owns_route, Desired, Local};
-use flanneld::backend::mode;
 use flanneld::config::{self, NetConfig};
+use flanneld::family::IpFamily;
+use flanneld::flags::Flags;
+use flanneld::iface::External;
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::registry::kube::{self, NodeObject};
+use flanneld::settings::Settings;
+use flanneld::spec::{DatapathSpec, Desired, DeviceIndex, NodeSpec};
 use serde_json::value::RawValue;
 use std::net::IpAddr;
 
@@ -51,31 +55,55 @@ fn first_key(cfg: &NetConfig) -> SubnetKey {
 
 /// subnet.env as this node writes it for `own`.
 fn env_for(cfg: &NetConfig, own: &SubnetKey) -> String {
-    flanneld::daemon::subnet_env(cfg, own, 1430, true).render()
+    flanneld::spec::subnet_env(cfg, own, 1430, true).render()
 }
 
 /// What this node (192.168.0.1/24 and fd00::1/64 on its external interface, its devices of
 /// the config's families) wants in the kernel for `leases` under the network config `text`.
 fn desired_for(text: &str, own: &str, leases: &[Lease]) -> Desired {
-    desired(&local_for(text, own), leases)
+    let (spec, devs) = local_for(text, own);
+    spec.desired(&devs, leases)
 }
 
-fn local_for(text: &str, own: &str) -> Local {
+/// This node's datapath as the daemon derives it, and its devices' indices.
+fn local_for(text: &str, own: &str) -> (DatapathSpec, DeviceIndex) {
     let cfg = parse(text);
-    Local {
-        mode: mode::mode(&cfg).unwrap_or_else(|e| panic!("{text}: {e}")),
-        backend_type: cfg.backend_type.clone(),
-        own: key(own),
-        network4: cfg.ipv4.map(|f| f.network),
-        network6: cfg.ipv6.map(|f| f.network),
-        ext_index: EXT,
-        ext_nets: vec![
+    let settings = Settings::from_flags(&Flags::try_parse_from(["flanneld"]).unwrap());
+    let ext = External {
+        index: EXT,
+        name: "eth0".into(),
+        mtu: 1500,
+        iface_ip: "192.168.0.1".parse().ok(),
+        iface_ipv6: "fd00::1".parse().ok(),
+        public_ip: "192.168.0.1".parse().ok(),
+        public_ipv6: "fd00::1".parse().ok(),
+        addrs: vec![
             "192.168.0.1/24".parse().unwrap(),
             "fd00::1/64".parse().unwrap(),
         ],
-        dev4: cfg.ipv4.map(|_| DEV4),
-        dev6: cfg.ipv6.map(|_| DEV6),
-    }
+    };
+    let own = Lease {
+        key: key(own),
+        attrs: LeaseAttrs {
+            public_ip: ext.public_ip,
+            public_ipv6: ext.public_ipv6,
+            backend_type: cfg.backend_type.clone(),
+            backend_data: None,
+            backend_v6_data: None,
+        },
+    };
+    let spec =
+        NodeSpec::derive(&settings, &cfg, &ext, &own).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let devs = DeviceIndex(
+        [
+            (IpFamily::V4, cfg.ipv4.map(|_| DEV4)),
+            (IpFamily::V6, cfg.ipv6.map(|_| DEV6)),
+        ]
+        .into_iter()
+        .filter_map(|(f, d)| Some((f, d?)))
+        .collect(),
+    );
+    (spec.datapath, devs)
 }
 
 fn raw(json: &str) -> Option<Box<RawValue>> {
@@ -105,7 +133,8 @@ fn ip(text: &str) -> IpAddr {
 
 /// (destination, gateway, device) of each wanted route.
 fn routes(d: &Desired) -> Vec<(String, Option<IpAddr>, Option<u32>)> {
-    d.entries
+    d.want
+        .entries
         .routes
         .iter()
         .map(|r| (r.dst.to_string(), r.gw, r.oif))
@@ -310,12 +339,19 @@ fn a_dual_stack_peer_gets_a_route_a_neighbour_and_an_fdb_entry_per_family() {
             ),
         ]
     );
-    let fdb: Vec<_> = d.entries.fdb.iter().map(|f| (f.device, f.dst)).collect();
+    let fdb: Vec<_> = d
+        .want
+        .entries
+        .fdb
+        .iter()
+        .map(|f| (f.device, f.dst))
+        .collect();
     assert_eq!(
         fdb,
         vec![(DEV4, Some(ip("192.168.9.2"))), (DEV6, Some(ip("fd09::2")))]
     );
     let neigh: Vec<_> = d
+        .want
         .entries
         .neighbours
         .iter()
@@ -336,7 +372,10 @@ fn a_peer_without_ipv6_in_a_dual_stack_network_gets_its_ipv4_entries_only() {
         routes(&d),
         vec![("10.5.2.0/24".into(), Some(ip("10.5.2.0")), Some(DEV4))]
     );
-    assert_eq!((d.entries.neighbours.len(), d.entries.fdb.len()), (1, 1));
+    assert_eq!(
+        (d.want.entries.neighbours.len(), d.want.entries.fdb.len()),
+        (1, 1)
+    );
     assert!(d.skipped.is_empty(), "{:?}", d.skipped);
 }
 
@@ -388,7 +427,7 @@ fn an_ipv4_only_node_ignores_the_ipv6_half_of_dual_stack_leases() {
         routes(&d),
         vec![("10.5.2.0/24".into(), Some(ip("10.5.2.0")), Some(DEV4))]
     );
-    assert!(d.entries.fdb.iter().all(|f| f.device == DEV4));
+    assert!(d.want.entries.fdb.iter().all(|f| f.device == DEV4));
     assert!(d.skipped.is_empty(), "{:?}", d.skipped);
 }
 
@@ -405,9 +444,15 @@ fn an_ipv6_only_node_programs_ipv6_peers_and_nothing_for_ipv4_only_ones() {
             Some(DEV6)
         )]
     );
-    let fdb: Vec<_> = d.entries.fdb.iter().map(|f| (f.device, f.dst)).collect();
+    let fdb: Vec<_> = d
+        .want
+        .entries
+        .fdb
+        .iter()
+        .map(|f| (f.device, f.dst))
+        .collect();
     assert_eq!(fdb, vec![(DEV6, Some(ip("fd09::2")))]);
-    assert_eq!(d.entries.neighbours.len(), 1);
+    assert_eq!(d.want.entries.neighbours.len(), 1);
 }
 
 #[test]
@@ -429,7 +474,7 @@ fn host_gw_routes_each_family_via_that_familys_public_address() {
             ("fc00:0:0:2::/64".into(), Some(ip("fd00::2")), Some(EXT)),
         ]
     );
-    assert!(d.entries.neighbours.is_empty() && d.entries.fdb.is_empty());
+    assert!(d.want.entries.neighbours.is_empty() && d.want.entries.fdb.is_empty());
     let d = desired_for(&cfg(V6_ONLY), "0.0.0.0-0&fc00:0:0:1::-64", &[peer]);
     assert_eq!(
         routes(&d),
@@ -463,7 +508,13 @@ fn direct_routing_decides_per_family_whether_the_peer_is_on_the_link() {
             ),
         ]
     );
-    let fdb: Vec<_> = d.entries.fdb.iter().map(|f| (f.device, f.dst)).collect();
+    let fdb: Vec<_> = d
+        .want
+        .entries
+        .fdb
+        .iter()
+        .map(|f| (f.device, f.dst))
+        .collect();
     assert_eq!(fdb, vec![(DEV6, Some(ip("fd09::2")))]);
 }
 
@@ -473,7 +524,7 @@ fn direct_routing_decides_per_family_whether_the_peer_is_on_the_link() {
 fn the_kernels_route_to_the_ipv6_devices_own_address_is_not_the_datapaths() {
     // IPv6 adds `fc00:0:0:1:: dev flannel-v6.1 proto kernel metric 256` with the address; IPv4
     // adds no such route for flannel.1's /32.
-    let local = local_for(DUAL_V6_FIRST, OWN_DUAL);
+    let (spec, devs) = local_for(DUAL_V6_FIRST, OWN_DUAL);
     let kernels = Route::new("fc00:0:0:1::/128".parse().unwrap(), None, Some(DEV6));
-    assert!(!owns_route(&local, &kernels));
+    assert!(!spec.owns_route(&devs, &kernels));
 }

@@ -5,8 +5,9 @@
 
 use cni_kernel::Netns;
 use flanneld::masq::{self, MasqSpec};
+use flanneld::planes::firewall::FirewallPlane;
+use flanneld::reconcile::Reconciler;
 use std::process::{Child, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::TestNs;
 
@@ -387,27 +388,23 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 #[test]
-fn keep_restores_a_deleted_rule_at_the_next_check() {
+fn the_firewall_plane_restores_a_deleted_rule_at_its_next_resync() {
     let ns = TestNs::new("mqk");
     let spec = spec("10.5.1.0/24");
     inside(&ns, || masq::ensure(&spec)).unwrap();
     let before = saved(&ns);
-    let path = ns.path().to_path_buf();
-    let check: masq::Ensure =
-        Arc::new(move |s| Netns::open(&path)?.run(|| masq::ensure(s)).and_then(|r| r));
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let keeper = rt.spawn(masq::keep_with(
-        spec.clone(),
-        Duration::from_millis(200),
-        check,
-    ));
+    // A runtime made inside the namespace: the threads that run the rule tools start there.
+    let rt = inside(&ns, || tokio::runtime::Runtime::new().unwrap());
+    let plane = FirewallPlane::new(spec.clone(), Duration::from_millis(200), None);
+    let (_tx, rx) = tokio::sync::mpsc::channel(1);
+    let reconciler = rt.spawn(Reconciler::new(vec![Box::new(plane)]).run(rx));
     ns.run("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"]);
     wait_until(
         "the flushed chain to be restored",
         Duration::from_secs(5),
         || saved(&ns) == before,
     );
-    keeper.abort();
+    reconciler.abort();
 }
 
 /// A process stopped when the test ends, also when it fails.

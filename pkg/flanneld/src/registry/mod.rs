@@ -1,16 +1,23 @@
 //! Where leases live, behind one trait: etcd v3 in flannel's schema, or a directory shared by
-//! the daemons of one machine. The daemon never knows which one it talks to.
+//! the daemons of one machine. The daemon never knows which one it talks to: how this node's
+//! lease is taken is the registry's too ([`Registry::acquire`]; etcd and the directory choose
+//! a free subnet and create its lease, a registry that assigns subnets itself returns the
+//! one it was given).
 
 pub mod dir;
 pub mod etcd;
 pub mod kube;
 
-use crate::lease::SubnetKey;
+use crate::alloc::{self, Action, Node};
+use crate::config::NetConfig;
+use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::metrics::{self, METRICS};
 use crate::view::BadEntry;
 use std::fmt;
 use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
+use tracing::{error, info, warn};
 
 /// One stored lease, undecoded: the key's last element and the value's bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +75,19 @@ impl std::error::Error for RegistryError {}
 
 pub type Result<T> = std::result::Result<T, RegistryError>;
 
+/// What this node asks of the registry for its lease.
+#[derive(Debug, Clone)]
+pub struct LeaseRequest<'a> {
+    pub config: &'a NetConfig,
+    /// This node's public addresses, by which its earlier lease is found.
+    pub node: Node,
+    /// The subnet of the subnet.env an earlier run wrote, if it can be had again.
+    pub previous: Option<SubnetKey>,
+    /// The lease's value: this node's addresses and its backend's data.
+    pub attrs: &'a LeaseAttrs,
+    pub ttl: Duration,
+}
+
 pub trait Registry: Send + Sync + 'static {
     /// Where the registry is, for log lines.
     fn describe(&self) -> String;
@@ -104,4 +124,100 @@ pub trait Registry: Send + Sync + 'static {
         revision: i64,
         tx: mpsc::Sender<Change>,
     ) -> impl Future<Output = WatchEnd> + Send;
+
+    /// Takes a lease for this node, retrying until one is held; returns its key and expiry.
+    /// By default the node chooses: its own earlier lease, else a free subnet, created only if
+    /// its key is still free.
+    fn acquire(
+        &self,
+        req: &LeaseRequest<'_>,
+    ) -> impl Future<Output = (SubnetKey, SystemTime)> + Send
+    where
+        Self: Sized,
+    {
+        choose_and_create(self, req)
+    }
+}
+
+/// Lists until the registry answers, logging each failure once per 30 s.
+pub async fn list_until_ok<R: Registry>(reg: &R) -> Listing {
+    let mut last_log: Option<Instant> = None;
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match reg.list().await {
+            Ok(l) => {
+                if last_log.is_some() {
+                    info!("reached {} again", reg.describe());
+                }
+                return l;
+            }
+            Err(e) => {
+                metrics::inc(&METRICS.registry_errors);
+                if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                    warn!("listing leases in {}: {e}; retrying", reg.describe());
+                    last_log = Some(Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// [`Registry::acquire`] of a registry where the node chooses its subnet.
+pub async fn choose_and_create<R: Registry>(
+    reg: &R,
+    req: &LeaseRequest<'_>,
+) -> (SubnetKey, SystemTime) {
+    let value = req.attrs.encode();
+    loop {
+        let listing = list_until_ok(reg).await;
+        let mut leases = Vec::new();
+        for e in &listing.entries {
+            match Lease::decode(&e.key, &e.value) {
+                Ok(l) => leases.push(l),
+                Err(reason) => warn!("skipping lease {} in {}: {reason}", e.key, reg.describe()),
+            }
+        }
+        for b in &listing.bad {
+            warn!(
+                "skipping lease {} in {}: {}",
+                b.key,
+                reg.describe(),
+                b.reason
+            );
+        }
+        let plan = match alloc::choose(req.config, &leases, &req.node, req.previous, &mut |n| {
+            fastrand::usize(..n)
+        }) {
+            Ok(p) => p,
+            Err(e) => {
+                error!("{e}; retrying in 5 s");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                continue;
+            }
+        };
+        for stale in &plan.stale {
+            info!("deleting this node's lease {stale}: it does not fit the network config");
+            if let Err(e) = reg.delete(stale).await {
+                warn!("deleting lease {stale}: {e}");
+            }
+        }
+        let (key, result) = match plan.action {
+            Action::Reuse(k) => (k, reg.renew(&k, &value, req.ttl).await),
+            Action::Create(k) => (k, reg.create(&k, &value, req.ttl).await),
+        };
+        match result {
+            Ok(expiry) => return (key, expiry),
+            Err(RegistryError::Exists(k)) => {
+                info!("subnet {k} was leased by another node meanwhile; choosing again");
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(10..200))).await;
+            }
+            Err(e) => {
+                metrics::inc(&METRICS.registry_errors);
+                warn!("taking lease {key}: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
 }

@@ -1,0 +1,361 @@
+//! `vxlan`: a device per family (`flannel.<VNI>`, `flannel-v6.<VNI>`) over the external
+//! interface; per other node a permanent neighbour (its subnet's network address to its
+//! VtepMAC), a permanent FDB entry (its VtepMAC to its public address) and a path to its subnet
+//! via that network address on the device, onlink. With `DirectRouting`, a node on the
+//! external interface's own link is reached by a plain path via its public address instead.
+
+use super::api::{Backend, Here, Peer};
+use crate::config::{field, ConfigError, NetConfig};
+use crate::entries::{Hop, Want};
+use crate::family::IpFamily;
+use crate::iface::External;
+use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Vxlan as VxlanAttrs, VxlanSpec};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// vxlan's per-packet overhead over an IPv4 and an IPv6 underlay.
+const OVERHEAD_V4: u32 = 50;
+const OVERHEAD_V6: u32 = 70;
+
+/// vxlan's keys in the config's `Backend`, with their defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vxlan {
+    pub vni: u32,
+    pub port: u16,
+    /// The underlay MTU to derive the device's from; None: the external interface's.
+    pub mtu: Option<u32>,
+    pub gbp: bool,
+    pub learning: bool,
+    pub direct_routing: bool,
+}
+
+fn refuse(key: &str, v: &Value, reason: &str) -> ConfigError {
+    ConfigError {
+        key: format!("Backend.{key}"),
+        value: v.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn uint(
+    b: &serde_json::Map<String, Value>,
+    key: &str,
+    max: u64,
+) -> Result<Option<u64>, ConfigError> {
+    match field(b, key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= max => Ok(Some(n)),
+            _ => Err(refuse(
+                key,
+                v,
+                &format!("must be a whole number up to {max}"),
+            )),
+        },
+    }
+}
+
+fn flag(b: &serde_json::Map<String, Value>, key: &str) -> Result<bool, ConfigError> {
+    match field(b, key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(x)) => Ok(*x),
+        Some(v) => Err(refuse(key, v, "must be true or false")),
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff` as six bytes.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in out.iter_mut() {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+/// The device of one family's name.
+pub fn device_name(family: IpFamily, vni: u32) -> String {
+    match family {
+        IpFamily::V4 => format!("flannel.{vni}"),
+        IpFamily::V6 => format!("flannel-v6.{vni}"),
+    }
+}
+
+impl Vxlan {
+    /// The config's `Backend` keys, checked; each refusal names the key.
+    pub fn from_config(cfg: &NetConfig) -> Result<Vxlan, ConfigError> {
+        let empty = serde_json::Map::new();
+        let b = cfg.backend.as_object().unwrap_or(&empty);
+        let vni = uint(b, "VNI", (1 << 24) - 1)?.unwrap_or(1) as u32;
+        let port = uint(b, "Port", 65535)?.filter(|p| *p != 0).unwrap_or(8472) as u16;
+        let mtu = uint(b, "MTU", 65535)?.map(|m| m as u32);
+        if let Some(m) = mtu.filter(|m| *m < 1280) {
+            return Err(refuse("MTU", &Value::from(m), "must be at least 1280"));
+        }
+        Ok(Vxlan {
+            vni,
+            port,
+            mtu,
+            gbp: flag(b, "GBP")?,
+            learning: flag(b, "Learning")?,
+            direct_routing: flag(b, "DirectRouting")?,
+        })
+    }
+
+    /// The device's MTU over one family's underlay: the underlay's less the encapsulation.
+    fn device_mtu(&self, family: IpFamily, ext: &External) -> u32 {
+        let overhead = match family {
+            IpFamily::V4 => OVERHEAD_V4,
+            IpFamily::V6 => OVERHEAD_V6,
+        };
+        self.mtu.unwrap_or(ext.mtu).saturating_sub(overhead)
+    }
+}
+
+impl Backend for Vxlan {
+    fn name(&self) -> &'static str {
+        "vxlan"
+    }
+
+    fn mtu(&self, ext: &External, families: &[IpFamily]) -> u32 {
+        families
+            .iter()
+            .map(|f| self.device_mtu(*f, ext))
+            .min()
+            .unwrap_or_else(|| self.device_mtu(IpFamily::V4, ext))
+    }
+
+    /// The external interface's address as the local source, the interface as its device.
+    fn device(&self, family: IpFamily, ext: &External, mac: Option<[u8; 6]>) -> Option<VxlanSpec> {
+        Some(VxlanSpec {
+            name: device_name(family, self.vni),
+            vxlan: VxlanAttrs {
+                vni: self.vni,
+                port: self.port,
+                local: ext.iface_ip(family).or(ext.public(family)),
+                device: Some(ext.index),
+                learning: self.learning,
+                gbp: self.gbp,
+            },
+            mtu: Some(self.device_mtu(family, ext)),
+            mac,
+        })
+    }
+
+    fn lease_data(&self, mac: [u8; 6]) -> Option<Box<RawValue>> {
+        RawValue::from_string(format!(
+            r#"{{"VNI":{},"VtepMAC":"{}"}}"#,
+            self.vni,
+            format_mac(&mac)
+        ))
+        .ok()
+    }
+
+    fn announced_mac(&self, data: Option<&RawValue>) -> Option<[u8; 6]> {
+        let v: Value = serde_json::from_str(data?.get()).ok()?;
+        parse_mac(field(v.as_object()?, "VtepMAC")?.as_str()?)
+    }
+
+    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), String> {
+        if self.direct_routing && here.ext.addrs.iter().any(|n| n.contains(peer.public)) {
+            want.route(Hop {
+                dst: peer.subnet,
+                gw: peer.public,
+                dev: here.ext.index,
+                onlink: false,
+            });
+            return Ok(());
+        }
+        let Some(dev) = here.dev else { return Ok(()) };
+        let Some(mac) = self.announced_mac(peer.data) else {
+            return Err(format!("no VtepMAC for {}", peer.subnet));
+        };
+        let gw = peer.subnet.network();
+        want.neighbour(Neighbour::permanent(dev, gw, mac));
+        want.fdb(FdbEntry::permanent(dev, mac, peer.public));
+        want.route(Hop {
+            dst: peer.subnet,
+            gw,
+            dev,
+            onlink: true,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::entries::RouteStyle;
+    use cni_kernel::netlink::Route;
+    use std::net::IpAddr;
+
+    fn v(text: &str) -> Result<Vxlan, ConfigError> {
+        Vxlan::from_config(&config::parse(text).unwrap())
+    }
+
+    fn vx(direct_routing: bool) -> Vxlan {
+        Vxlan {
+            direct_routing,
+            ..v(r#"{"Network":"10.5.0.0/16"}"#).unwrap()
+        }
+    }
+
+    fn ext() -> External {
+        External::example()
+    }
+
+    const MAC: [u8; 6] = [0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44];
+
+    fn data() -> Box<RawValue> {
+        RawValue::from_string(r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#.into()).unwrap()
+    }
+
+    fn peer<'a>(subnet: &str, public: &str, data: Option<&'a RawValue>) -> Peer<'a> {
+        Peer {
+            key: crate::lease::SubnetKey::parse(&subnet.replace('/', "-")).unwrap(),
+            subnet: subnet.parse().unwrap(),
+            public: public.parse().unwrap(),
+            data,
+        }
+    }
+
+    #[test]
+    fn defaults_and_keys() {
+        assert_eq!(
+            v(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
+            Vxlan {
+                vni: 1,
+                port: 8472,
+                mtu: None,
+                gbp: false,
+                learning: false,
+                direct_routing: false
+            }
+        );
+        let p = v(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","vni":7,"Port":4789,"MTU":9000,"DirectRouting":true}}"#).unwrap();
+        assert_eq!(
+            (p.vni, p.port, p.mtu, p.direct_routing),
+            (7, 4789, Some(9000), true)
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        let e = v(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":"one"}}"#).unwrap_err();
+        assert_eq!(e.key, "Backend.VNI");
+        let e = v(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":16777216}}"#).unwrap_err();
+        assert_eq!(e.value, "16777216");
+        let e = v(r#"{"Network":"10.5.0.0/16","Backend":{"DirectRouting":"yes"}}"#).unwrap_err();
+        assert_eq!(e.key, "Backend.DirectRouting");
+        let e = v(r#"{"Network":"10.5.0.0/16","Backend":{"MTU":1000}}"#).unwrap_err();
+        assert_eq!(e.key, "Backend.MTU");
+    }
+
+    #[test]
+    fn the_device_of_each_family_and_the_pods_mtu() {
+        let b = vx(false);
+        let d = b.device(IpFamily::V4, &ext(), Some(MAC)).unwrap();
+        assert_eq!(d.name, "flannel.1");
+        assert_eq!(d.vxlan.local, "192.168.0.1".parse().ok());
+        assert_eq!(
+            (d.vxlan.device, d.mtu, d.mac),
+            (Some(2), Some(1450), Some(MAC))
+        );
+        let d6 = b.device(IpFamily::V6, &ext(), None).unwrap();
+        assert_eq!((d6.name.as_str(), d6.mtu), ("flannel-v6.1", Some(1430)));
+        assert_eq!(b.mtu(&ext(), &[IpFamily::V4]), 1450);
+        assert_eq!(b.mtu(&ext(), &[IpFamily::V4, IpFamily::V6]), 1430);
+        let big = Vxlan {
+            mtu: Some(9000),
+            ..b
+        };
+        assert_eq!(big.mtu(&ext(), &[IpFamily::V4]), 8950);
+    }
+
+    #[test]
+    fn the_lease_announces_the_vtep_mac_and_reads_back() {
+        let b = vx(false);
+        let data = b.lease_data(MAC).unwrap();
+        assert_eq!(data.get(), r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#);
+        assert_eq!(b.announced_mac(Some(&data)), Some(MAC));
+        assert_eq!(b.announced_mac(None), None);
+        assert_eq!(parse_mac("c6:d2:32:6f:8f"), None);
+    }
+
+    #[test]
+    fn a_peer_gives_a_neighbour_an_fdb_entry_and_an_onlink_route() {
+        let (b, e, d) = (vx(false), ext(), data());
+        let mut want = Want::new(RouteStyle::Plain, 1, true);
+        let here = Here {
+            ext: &e,
+            dev: Some(10),
+        };
+        b.peer(
+            &here,
+            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
+            &mut want,
+        )
+        .unwrap();
+        let gw: IpAddr = "10.5.2.0".parse().unwrap();
+        assert_eq!(
+            want.entries.routes,
+            [Route::new("10.5.2.0/24".parse().unwrap(), Some(gw), Some(10)).onlink()]
+        );
+        assert_eq!(want.entries.neighbours, [Neighbour::permanent(10, gw, MAC)]);
+        assert_eq!(
+            want.entries.fdb,
+            [FdbEntry::permanent(10, MAC, "192.168.0.2".parse().unwrap())]
+        );
+        let why = b
+            .peer(&here, &peer("10.5.3.0/24", "192.168.0.3", None), &mut want)
+            .unwrap_err();
+        assert!(why.contains("VtepMAC"), "{why}");
+        // Before the device is made: nothing yet, and no complaint.
+        let early = Here { ext: &e, dev: None };
+        let mut none = Want::new(RouteStyle::Plain, 1, true);
+        b.peer(
+            &early,
+            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
+            &mut none,
+        )
+        .unwrap();
+        assert_eq!(none.entries, Default::default());
+    }
+
+    #[test]
+    fn direct_routing_takes_a_plain_route_to_nodes_on_the_same_link() {
+        let (b, e, d) = (vx(true), ext(), data());
+        let here = Here {
+            ext: &e,
+            dev: Some(10),
+        };
+        let mut want = Want::new(RouteStyle::Plain, 2, true);
+        b.peer(
+            &here,
+            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
+            &mut want,
+        )
+        .unwrap();
+        b.peer(
+            &here,
+            &peer("10.5.3.0/24", "172.16.0.3", Some(&d)),
+            &mut want,
+        )
+        .unwrap();
+        assert_eq!(
+            want.entries.routes[0],
+            Route::new(
+                "10.5.2.0/24".parse().unwrap(),
+                "192.168.0.2".parse().ok(),
+                Some(2)
+            )
+        );
+        assert!(want.entries.routes[1].onlink);
+        assert_eq!(
+            (want.entries.neighbours.len(), want.entries.fdb.len()),
+            (1, 1)
+        );
+    }
+}

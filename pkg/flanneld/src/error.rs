@@ -1,0 +1,105 @@
+//! The daemon's own errors, one type per layer: a bad start (exit status 2), a lost lease (exit
+//! status 1), and a plane's pass that failed (logged, tried again). Each says what it was doing
+//! in the words the log lines have always used.
+
+use crate::config::ConfigError;
+use crate::iface::IfaceError;
+use crate::lease::SubnetKey;
+use std::fmt;
+
+/// Why the start cannot go on: a bad network config, external interface or backend for this
+/// node. Exit status 2.
+#[derive(Debug)]
+pub enum StartError {
+    Config(ConfigError),
+    Interface(IfaceError),
+    /// The backend cannot serve this node as it is (host-gw with a public address that is not
+    /// the interface's).
+    Backend(String),
+    /// The kernel refused what the backend needs before the lease is taken (its device).
+    Kernel(cni_kernel::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Config(e) => e.fmt(f),
+            StartError::Interface(e) => e.fmt(f),
+            StartError::Backend(why) => f.write_str(why),
+            StartError::Kernel(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+impl From<ConfigError> for StartError {
+    fn from(e: ConfigError) -> StartError {
+        StartError::Config(e)
+    }
+}
+
+impl From<IfaceError> for StartError {
+    fn from(e: IfaceError) -> StartError {
+        StartError::Interface(e)
+    }
+}
+
+impl From<cni_kernel::Error> for StartError {
+    fn from(e: cni_kernel::Error) -> StartError {
+        StartError::Kernel(e)
+    }
+}
+
+/// Why this node's lease is gone: exit status 1, so that the next start takes one again.
+#[derive(Debug)]
+pub enum LeaseLost {
+    /// Someone deleted it from the registry (`where_` says which).
+    Removed { own: SubnetKey, where_: String },
+    /// The task following the registry ended without saying so.
+    Follower(String),
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseLost::Removed { own, where_ } => {
+                write!(f, "this node's lease {own} was removed from {where_}")
+            }
+            LeaseLost::Follower(why) => write!(f, "the lease watcher failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseLost {}
+
+/// A plane's pass that failed: the kernel layer's error, or the blocking task that ran the
+/// firewall tools ended without an answer.
+#[derive(Debug)]
+pub enum PassError {
+    Kernel(cni_kernel::Error),
+    Task(String),
+}
+
+impl fmt::Display for PassError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PassError::Kernel(e) => e.fmt(f),
+            PassError::Task(why) => write!(f, "the check failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for PassError {}
+
+impl From<cni_kernel::Error> for PassError {
+    fn from(e: cni_kernel::Error) -> PassError {
+        PassError::Kernel(e)
+    }
+}
+
+impl From<tokio::task::JoinError> for PassError {
+    fn from(e: tokio::task::JoinError) -> PassError {
+        PassError::Task(e.to_string())
+    }
+}

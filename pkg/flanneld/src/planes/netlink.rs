@@ -1,0 +1,410 @@
+//! The datapath plane: the backend's devices, then the routes, neighbours and FDB entries the
+//! other nodes' leases call for. It reads what the kernel holds in the objects it owns,
+//! computes the difference to what the spec and the leases call for, and writes only that, in
+//! batches.
+
+use crate::backend::api::Backend;
+use crate::entries::{self, diff, Entries};
+use crate::family::IpFamily;
+use crate::iface::{is_link_local, External};
+use crate::lease::LeaseAttrs;
+use crate::metrics::{self, METRICS};
+use crate::reconcile::{Leases, Others, Plane};
+use crate::report::Finding;
+use crate::spec::{DatapathSpec, Device, DeviceIndex};
+use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Link};
+use cni_kernel::procsys::{self, Proto};
+use futures::future::BoxFuture;
+use serde_json::value::RawValue;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, info, warn};
+
+/// How often the datapath is looked at when nothing asks for it.
+pub const RESYNC: Duration = Duration::from_secs(10);
+
+fn random_mac() -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for b in m.iter_mut() {
+        *b = fastrand::u8(..);
+    }
+    // Unicast, locally administered.
+    m[0] = (m[0] & 0xfe) | 0x02;
+    m
+}
+
+/// Makes a device as it must be; whether anything changed, and the link.
+async fn ensure_device(
+    conn: &Conn,
+    family: IpFamily,
+    dev: &Device,
+) -> cni_kernel::Result<(Link, bool)> {
+    let (link, mut changed) = conn.ensure_vxlan(&dev.link).await?;
+    if changed {
+        info!(
+            "vxlan device {} made or mended (VNI {}, VtepMAC {})",
+            dev.link.name,
+            dev.link.vxlan.vni,
+            link.mac_string()
+        );
+        // Router advertisements must not give the device addresses of their own.
+        if let Err(e) = procsys::set(Proto::Ipv6, &dev.link.name, "accept_ra", "0") {
+            debug!("{e}");
+        }
+    }
+    if let Some(want) = dev.address {
+        let have = conn.addresses(link.index).await?;
+        for stale in have
+            .iter()
+            .filter(|a| **a != want && IpFamily::of(a.ip()) == family && !is_link_local(a.ip()))
+        {
+            // An address from another subnet (an earlier lease) would answer for it.
+            if conn.del_address(link.index, *stale).await? {
+                info!("removed stale address {stale} from {}", dev.link.name);
+                changed = true;
+            }
+        }
+        if !have.contains(&want) {
+            conn.add_address(link.index, want).await?;
+            changed = true;
+        }
+    }
+    if !link.up {
+        conn.set_up(link.index, true).await?;
+        changed = true;
+    }
+    Ok((link, changed))
+}
+
+/// Makes the backend's devices before this node's lease is taken, so that what identifies
+/// them (the VtepMAC) goes into the lease: each keeps the MAC it has when it fits, else the
+/// one this node's earlier lease announced, else a new one. Returns the lease's backend data
+/// per family.
+pub async fn prepare(
+    conn: &Conn,
+    backend: &dyn Backend,
+    ext: &External,
+    families: &[IpFamily],
+    earlier: Option<&LeaseAttrs>,
+) -> cni_kernel::Result<Vec<(IpFamily, Option<Box<RawValue>>)>> {
+    let mut data = Vec::new();
+    for &family in families {
+        let Some(any_mac) = backend.device(family, ext, None) else {
+            continue;
+        };
+        let existing = conn
+            .link_by_name(&any_mac.name)
+            .await
+            .ok()
+            .flatten()
+            .filter(|l| l.is_vxlan() && any_mac.differences(l).is_empty())
+            .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
+        let announced = earlier.and_then(|a| backend.announced_mac(a.backend_data_of(family)));
+        let mac = existing.or(announced).unwrap_or_else(random_mac);
+        let Some(link) = backend.device(family, ext, Some(mac)) else {
+            continue;
+        };
+        ensure_device(
+            conn,
+            family,
+            &Device {
+                link,
+                address: None,
+            },
+        )
+        .await?;
+        data.push((family, backend.lease_data(mac)));
+    }
+    Ok(data)
+}
+
+pub struct NetlinkPlane {
+    conn: Conn,
+    spec: DatapathSpec,
+    /// The devices as last made or read.
+    devs: DeviceIndex,
+    /// The device links as `examine` read them.
+    seen: Vec<Link>,
+}
+
+/// What one pass changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Changes {
+    device: bool,
+    put: [usize; 3],
+    removed: [usize; 3],
+}
+
+impl NetlinkPlane {
+    pub fn new(conn: Conn, spec: DatapathSpec) -> NetlinkPlane {
+        NetlinkPlane {
+            conn,
+            spec,
+            devs: DeviceIndex::default(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// The devices as they must be; whether anything changed.
+    async fn ensure_devices(&mut self) -> cni_kernel::Result<bool> {
+        let mut changed = false;
+        for f in &self.spec.families {
+            let Some(dev) = &f.device else { continue };
+            let (link, c) = ensure_device(&self.conn, f.family, dev).await?;
+            changed |= c;
+            self.devs.0.retain(|(family, _)| *family != f.family);
+            self.devs.0.push((f.family, link.index));
+        }
+        Ok(changed)
+    }
+
+    /// What the kernel holds of what this datapath owns.
+    async fn read(&self) -> cni_kernel::Result<Entries> {
+        let mut have = Entries {
+            routes: self
+                .conn
+                .routes()
+                .await?
+                .into_iter()
+                .filter(|r| self.spec.owns_route(&self.devs, r))
+                .collect(),
+            ..Entries::default()
+        };
+        for &(_, dev) in &self.devs.0 {
+            have.neighbours.extend(
+                self.conn
+                    .neighbours(dev)
+                    .await?
+                    .into_iter()
+                    .filter(|n| n.permanent),
+            );
+            have.fdb.extend(
+                self.conn
+                    .fdb(dev)
+                    .await?
+                    .into_iter()
+                    .filter(|f| f.dst.is_some()),
+            );
+        }
+        Ok(have)
+    }
+
+    /// One pass: the devices, then, with the leases known, every entry they call for.
+    async fn pass(&mut self, leases: Option<&Leases>) -> cni_kernel::Result<Changes> {
+        let started = Instant::now();
+        let mut changes = Changes {
+            device: self.ensure_devices().await?,
+            ..Changes::default()
+        };
+        let Some(leases) = leases else {
+            return Ok(changes);
+        };
+        let devices = started.elapsed();
+        let want = self.spec.desired(&self.devs, leases.values().map(|l| &**l));
+        let entries = &want.want.entries;
+        metrics::set(&METRICS.routes, entries.routes.len() as u64);
+        metrics::set(&METRICS.neighbours, entries.neighbours.len() as u64);
+        metrics::set(&METRICS.fdb, entries.fdb.len() as u64);
+        for (key, why) in &want.skipped {
+            debug!("lease {key} gives no entry: {why}");
+        }
+        let computed = started.elapsed();
+        let have = self.read().await?;
+        let read = started.elapsed();
+        let plan = diff(entries, &have);
+        let diffed = started.elapsed();
+        if plan.is_empty() {
+            return Ok(changes);
+        }
+        // One pipelined batch; an entry the kernel refuses is logged and the rest written. The
+        // plan comes from what was just read, so nothing is read again first.
+        for e in self.conn.write(&plan.writes()).await {
+            warn!("{e}");
+        }
+        debug!(
+            "datapath pass: devices {devices:?}, desired {:?}, read {:?}, diff {:?}, write {:?}",
+            computed - devices,
+            read - computed,
+            diffed - read,
+            started.elapsed() - diffed
+        );
+        (changes.put, changes.removed) = plan.counts();
+        Ok(changes)
+    }
+
+    /// The names `doctor` shows devices by.
+    fn name_of(&self, index: u32) -> Option<String> {
+        if index == self.spec.ext.index {
+            return Some(self.spec.ext.name.clone());
+        }
+        let family = self.devs.0.iter().find(|(_, i)| *i == index)?.0;
+        let f = self.spec.families.iter().find(|f| f.family == family)?;
+        f.device.as_ref().map(|d| d.link.name.clone())
+    }
+
+    /// The MTU of the first device as `examine` found it (the MTU chain's middle).
+    pub fn device_mtu(&self) -> Option<u32> {
+        self.seen.first().and_then(|l| l.mtu)
+    }
+
+    /// Each device against what it must be, read only.
+    async fn examine_devices(&mut self) -> Vec<Finding> {
+        let mut out = Vec::new();
+        self.devs = DeviceIndex::default();
+        self.seen.clear();
+        for f in &self.spec.families {
+            let Some(dev) = &f.device else { continue };
+            let name = &dev.link.name;
+            let link = match self.conn.link_by_name(name).await {
+                Ok(Some(l)) => l,
+                Ok(None) => {
+                    out.push(Finding::new("device", "missing", name.clone()));
+                    continue;
+                }
+                Err(e) => {
+                    out.push(Finding::new("device", "wrong", format!("{name}: {e}")));
+                    continue;
+                }
+            };
+            let mut problems: Vec<String> = dev
+                .link
+                .differences(&link)
+                .into_iter()
+                .filter(|d| !d.starts_with("MAC "))
+                .collect();
+            let mac_ok = dev.link.mac.is_some_and(|m| link.mac == m);
+            if let Some(want) = dev.address {
+                match self.conn.addresses(link.index).await {
+                    Ok(have) if have.contains(&want) => {}
+                    Ok(_) => problems.push(format!("address {want} missing")),
+                    Err(e) => problems.push(e.to_string()),
+                }
+            }
+            if !link.up {
+                problems.push("down".into());
+            }
+            let mut detail = format!(
+                "{name} mac {} (the lease says {})",
+                link.mac_string(),
+                dev.link
+                    .mac
+                    .map(|m| format_mac(&m))
+                    .unwrap_or_else(|| "nothing".into())
+            );
+            for p in &problems {
+                detail.push_str("; ");
+                detail.push_str(p);
+            }
+            let state = if mac_ok && problems.is_empty() {
+                "ok"
+            } else {
+                "wrong"
+            };
+            out.push(Finding::new("device", state, detail));
+            self.devs.0.push((f.family, link.index));
+            self.seen.push(link);
+        }
+        out
+    }
+}
+
+impl Plane for NetlinkPlane {
+    fn resync(&self) -> Duration {
+        RESYNC
+    }
+
+    fn follows_leases(&self) -> bool {
+        true
+    }
+
+    fn listens(&self) -> bool {
+        true
+    }
+
+    fn concerns(&self, ev: &NlEvent) -> bool {
+        let ours = |i: u32| i == self.spec.ext.index || self.devs.contains(i);
+        let device_named = |name: &str| {
+            self.spec
+                .families
+                .iter()
+                .filter_map(|f| f.device.as_ref())
+                .any(|d| d.link.name == name)
+        };
+        match ev {
+            NlEvent::Link { link, .. } => ours(link.index) || device_named(&link.name),
+            NlEvent::Address { index, .. } => ours(*index),
+            NlEvent::Route { route, .. } => {
+                self.spec.owns_route(&self.devs, route) || route.oif.is_some_and(ours)
+            }
+            NlEvent::Neighbour { neighbour, .. } => ours(neighbour.device),
+            NlEvent::Fdb { entry, .. } => ours(entry.device),
+            NlEvent::Overflow => true,
+        }
+    }
+
+    fn repair(&mut self, others: Others) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let (leases, changed) = match &others {
+                Others::Unknown => (None, false),
+                Others::Known { leases, changed } => (Some(&**leases), *changed),
+            };
+            let started = Instant::now();
+            let result = self.pass(leases).await;
+            let Some(leases) = leases else {
+                if let Err(e) = result {
+                    // The reconciler keeps trying; the plugin may already use the subnet.
+                    error!("setting up the datapath for {}: {e}", self.spec.own);
+                }
+                return;
+            };
+            metrics::inc(&METRICS.reconcile_runs);
+            metrics::add(
+                &METRICS.reconcile_micros,
+                started.elapsed().as_micros() as u64,
+            );
+            match result {
+                Ok(c) => {
+                    if !changed {
+                        metrics::add(&METRICS.repaired_routes, c.put[0] as u64);
+                        metrics::add(&METRICS.repaired_neighbours, c.put[1] as u64);
+                        metrics::add(&METRICS.repaired_fdb, c.put[2] as u64);
+                    }
+                    if c != Changes::default() {
+                        info!(
+                            "datapath: {} leases; wrote {} routes, {} neighbours, {} FDB entries; removed {} routes, {} neighbours, {} FDB entries{}",
+                            leases.len(),
+                            c.put[0],
+                            c.put[1],
+                            c.put[2],
+                            c.removed[0],
+                            c.removed[1],
+                            c.removed[2],
+                            if c.device { "; device mended" } else { "" }
+                        );
+                    }
+                }
+                Err(e) => warn!("datapath: {e}; trying again"),
+            }
+        })
+    }
+
+    fn examine<'a>(&'a mut self, leases: &'a Leases) -> BoxFuture<'a, Vec<Finding>> {
+        Box::pin(async move {
+            let mut out = self.examine_devices().await;
+            let want = self.spec.desired(&self.devs, leases.values().map(|l| &**l));
+            for (key, why) in &want.skipped {
+                out.push(Finding::new(
+                    "lease",
+                    "ok",
+                    format!("{key} gives no entry: {why}"),
+                ));
+            }
+            match self.read().await {
+                Ok(have) => out.extend(entries::findings(&want.want.entries, &have, &|i| {
+                    self.name_of(i)
+                })),
+                Err(e) => out.push(Finding::new("kernel", "wrong", e.to_string())),
+            }
+            out
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! The daemon's settings: the flags read once into what the daemon and `doctor` use, so that no
+//! flag is interpreted in two places.
+
+use crate::flags::Flags;
+use crate::iface::Wanted;
+use crate::registry::etcd::EtcdOptions;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// flanneld's etcd endpoint when neither etcd endpoints nor another registry are named.
+pub const DEFAULT_ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
+
+/// Where leases live.
+#[derive(Debug, Clone)]
+pub enum RegistryChoice {
+    /// etcd v3; `defaulted` when no endpoint was named and flanneld's default is used.
+    Etcd {
+        options: EtcdOptions,
+        defaulted: bool,
+    },
+    /// The embedded registry: a directory shared by the daemons of one machine
+    /// (`--registry-dir`), the network config falling back to `--net-config-path`.
+    Dir { root: PathBuf, net_config: PathBuf },
+}
+
+impl RegistryChoice {
+    /// The first log line: where leases live, and why there.
+    pub fn describe(&self) -> String {
+        match self {
+            RegistryChoice::Dir { root, .. } => format!(
+                "--registry-dir given: using the embedded registry in {}",
+                root.display()
+            ),
+            RegistryChoice::Etcd {
+                options,
+                defaulted: true,
+            } => format!(
+                "no --etcd-endpoints or --registry-dir given: leases in etcd at flanneld's \
+                 default endpoint {} under {}",
+                options.endpoints.join(","),
+                options.prefix
+            ),
+            RegistryChoice::Etcd { options, .. } => format!(
+                "leases in etcd at {} under {}",
+                options.endpoints.join(","),
+                options.prefix
+            ),
+        }
+    }
+}
+
+/// `--ip-masq` and its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MasqOptions {
+    /// `--ip-masq`: the masquerade chain.
+    pub masq: bool,
+    /// Not `--ip-masq-fully-random-disable`.
+    pub random_fully: bool,
+    /// `--iptables-forward-rules`: the forward accept chain.
+    pub forward_rules: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub registry: RegistryChoice,
+    /// How to find the external interface (the families come from the network config).
+    pub wanted: Wanted,
+    pub subnet_file: PathBuf,
+    pub masq: MasqOptions,
+    /// `--iptables-resync`: how often the firewall is looked at.
+    pub iptables_resync: Duration,
+    /// The lease's lifetime, and how long before its expiry it is renewed.
+    pub ttl: Duration,
+    pub renew_margin: Duration,
+}
+
+impl Settings {
+    pub fn from_flags(flags: &Flags) -> Settings {
+        let etcd = |endpoints: Vec<String>| EtcdOptions {
+            endpoints,
+            prefix: flags.etcd_prefix.trim_end_matches('/').to_string(),
+            keyfile: flags.etcd_keyfile.clone(),
+            certfile: flags.etcd_certfile.clone(),
+            cafile: flags.etcd_cafile.clone(),
+            username: flags.etcd_username.clone(),
+            password: flags.etcd_password.clone(),
+        };
+        let registry = match (&flags.registry_dir, flags.etcd_endpoints.is_empty()) {
+            (Some(root), true) => RegistryChoice::Dir {
+                root: root.clone(),
+                net_config: flags.net_config_path.clone(),
+            },
+            (None, true) => RegistryChoice::Etcd {
+                options: etcd(vec![DEFAULT_ETCD_ENDPOINT.to_string()]),
+                defaulted: true,
+            },
+            // The flags refuse both at once; etcd endpoints name a cluster, so they win.
+            (_, false) => RegistryChoice::Etcd {
+                options: etcd(flags.etcd_endpoints.clone()),
+                defaulted: false,
+            },
+        };
+        Settings {
+            registry,
+            wanted: Wanted {
+                iface: flags.iface.clone(),
+                iface_regex: flags.iface_regex.clone(),
+                iface_can_reach: flags.iface_can_reach,
+                public_ip: flags.public_ip,
+                public_ipv6: flags.public_ipv6,
+                ipv4: true,
+                ipv6: false,
+            },
+            subnet_file: flags.subnet_file.clone(),
+            masq: MasqOptions {
+                masq: flags.ip_masq,
+                random_fully: !flags.ip_masq_fully_random_disable,
+                forward_rules: flags.iptables_forward_rules,
+            },
+            iptables_resync: Duration::from_secs(flags.iptables_resync),
+            ttl: Duration::from_secs(flags.subnet_lease_ttl),
+            renew_margin: Duration::from_secs(u64::from(flags.subnet_lease_renew_margin) * 60),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn settings(args: &[&str]) -> Settings {
+        let argv = std::iter::once("flanneld").chain(args.iter().copied());
+        Settings::from_flags(&Flags::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn the_registry_is_chosen_explicitly_or_is_flanneld_s_default_endpoint() {
+        let s = settings(&["--registry-dir", "/tmp/reg"]);
+        let RegistryChoice::Dir { root, net_config } = &s.registry else {
+            panic!("{:?}", s.registry)
+        };
+        assert_eq!(root.to_str(), Some("/tmp/reg"));
+        assert_eq!(net_config.to_str(), Some("/etc/kube-flannel/net-conf.json"));
+        let s = settings(&[
+            "--etcd-endpoints",
+            "http://10.0.0.1:2379",
+            "--etcd-prefix",
+            "/x/",
+        ]);
+        let RegistryChoice::Etcd { options, defaulted } = &s.registry else {
+            panic!("{:?}", s.registry)
+        };
+        assert_eq!(
+            (
+                options.endpoints.as_slice(),
+                options.prefix.as_str(),
+                *defaulted
+            ),
+            (&["http://10.0.0.1:2379".to_string()][..], "/x", false)
+        );
+        let s = settings(&[]);
+        let RegistryChoice::Etcd { options, defaulted } = &s.registry else {
+            panic!("{:?}", s.registry)
+        };
+        assert_eq!(options.endpoints, [DEFAULT_ETCD_ENDPOINT]);
+        assert!(*defaulted);
+        assert!(s
+            .registry
+            .describe()
+            .contains("default endpoint http://127.0.0.1:2379"));
+    }
+
+    #[test]
+    fn the_masquerade_flags_become_one_set_of_options() {
+        let s = settings(&[
+            "--ip-masq",
+            "--ip-masq-fully-random-disable",
+            "--iptables-forward-rules=false",
+        ]);
+        assert_eq!(
+            s.masq,
+            MasqOptions {
+                masq: true,
+                random_fully: false,
+                forward_rules: false
+            }
+        );
+        let s = settings(&[]);
+        assert_eq!(
+            s.masq,
+            MasqOptions {
+                masq: false,
+                random_fully: true,
+                forward_rules: true
+            }
+        );
+        assert_eq!(s.iptables_resync, Duration::from_secs(5));
+        assert_eq!(s.renew_margin, Duration::from_secs(3600));
+    }
+}

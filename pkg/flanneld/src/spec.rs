@@ -1,0 +1,547 @@
+//! Everything this node should be, derived once from the settings, the network config, the
+//! external interface and its own lease: its datapath (backend, devices, the families and
+//! their subnets), its firewall rules and its subnet.env. Pure: the daemon and `flanneld
+//! doctor` derive the same node from the same inputs.
+
+use crate::backend::api::{Backend, Here, Peer};
+use crate::backend::select;
+use crate::config::{ConfigError, NetConfig};
+use crate::entries::{RouteStyle, Want};
+use crate::family::IpFamily;
+use crate::iface::{self, External, IfaceError, Interfaces, Wanted};
+use crate::lease::{Lease, SubnetKey};
+use crate::masq::MasqSpec;
+use crate::settings::Settings;
+use cni_kernel::netlink::{Route, VxlanSpec, MAIN_TABLE};
+use ipnetwork::IpNetwork;
+use std::sync::Arc;
+use subnetenv::SubnetEnv;
+
+/// This node, as it should be.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub datapath: DatapathSpec,
+    /// The masquerade and forward rules; None when neither `--ip-masq` nor
+    /// `--iptables-forward-rules` asks for any.
+    pub masq: Option<MasqSpec>,
+    pub subnet_env: SubnetEnv,
+}
+
+/// The datapath of this node: what the backend programs, for which families.
+#[derive(Debug, Clone)]
+pub struct DatapathSpec {
+    pub backend: Arc<dyn Backend>,
+    pub ext: External,
+    /// This node's lease's subnets, which are not the other nodes'.
+    pub own: SubnetKey,
+    /// The families the network config enables, IPv4 first.
+    pub families: Vec<FamilySpec>,
+    pub style: RouteStyle,
+}
+
+/// One family of the datapath.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilySpec {
+    pub family: IpFamily,
+    /// The cluster network.
+    pub network: IpNetwork,
+    /// The backend's device of this family, if it has one.
+    pub device: Option<Device>,
+}
+
+/// A device as it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    pub link: VxlanSpec,
+    /// This node's subnet's network address as a host address, so that the node answers for
+    /// its subnet on the overlay; None before the lease is taken.
+    pub address: Option<IpNetwork>,
+}
+
+/// What the other nodes' leases call for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub want: Want,
+    /// Leases that give no entry, with why.
+    pub skipped: Vec<(SubnetKey, String)>,
+}
+
+/// FLANNEL_SUBNET's form: the subnet's first address with its prefix.
+fn first_address(n: IpNetwork) -> IpNetwork {
+    let ip = match n.network() {
+        std::net::IpAddr::V4(a) => std::net::IpAddr::V4((u32::from(a).wrapping_add(1)).into()),
+        std::net::IpAddr::V6(a) => std::net::IpAddr::V6((u128::from(a).wrapping_add(1)).into()),
+    };
+    IpNetwork::new(ip, n.prefix()).unwrap_or(n)
+}
+
+/// The subnet.env this node's lease gives.
+pub fn subnet_env(cfg: &NetConfig, key: &SubnetKey, mtu: u32, ip_masq: bool) -> SubnetEnv {
+    let of = |family| {
+        (
+            cfg.network(family).into_iter().collect::<Vec<_>>(),
+            key.subnet(family).map(first_address),
+        )
+    };
+    let ((networks, subnet), (ipv6_networks, ipv6_subnet)) = (of(IpFamily::V4), of(IpFamily::V6));
+    SubnetEnv {
+        networks,
+        subnet,
+        ipv6_networks,
+        ipv6_subnet,
+        mtu,
+        ipmasq: ip_masq,
+    }
+}
+
+/// The external interface, as `settings` ask for it, for the families `cfg` enables.
+pub fn external(
+    settings: &Settings,
+    cfg: &NetConfig,
+    ifaces: &Interfaces,
+) -> Result<External, IfaceError> {
+    let wanted = Wanted {
+        ipv4: cfg.ipv4.is_some(),
+        ipv6: cfg.ipv6.is_some(),
+        ..settings.wanted.clone()
+    };
+    iface::choose(&ifaces.links, &ifaces.routes, &wanted)
+}
+
+impl NodeSpec {
+    /// This node as `settings`, the network config `cfg`, the external interface `ext` and
+    /// its lease `own` make it.
+    pub fn derive(
+        settings: &Settings,
+        cfg: &NetConfig,
+        ext: &External,
+        own: &Lease,
+    ) -> Result<NodeSpec, ConfigError> {
+        let backend = select(cfg)?;
+        let enabled = cfg.families();
+        let families = enabled
+            .iter()
+            .filter_map(|&family| {
+                let network = cfg.network(family)?;
+                let mac = backend.announced_mac(own.attrs.backend_data_of(family));
+                let device = backend.device(family, ext, mac).map(|link| Device {
+                    link,
+                    address: own
+                        .key
+                        .subnet(family)
+                        .and_then(|s| IpNetwork::new(s.network(), family.host_prefix()).ok()),
+                });
+                Some(FamilySpec {
+                    family,
+                    network,
+                    device,
+                })
+            })
+            .collect();
+        let o = settings.masq;
+        let masq = (o.masq || o.forward_rules).then(|| MasqSpec {
+            ipv4: cfg.ipv4.zip(own.key.ipv4).map(|(f, s)| (f.network, s)),
+            ipv6: cfg.ipv6.zip(own.key.ipv6).map(|(f, s)| (f.network, s)),
+            nftables: cfg.enable_nftables,
+            masq: o.masq,
+            random_fully: o.random_fully,
+            forward_rules: o.forward_rules,
+        });
+        let subnet_env = subnet_env(cfg, &own.key, backend.mtu(ext, &enabled), o.masq);
+        Ok(NodeSpec {
+            datapath: DatapathSpec {
+                backend,
+                ext: ext.clone(),
+                own: own.key,
+                families,
+                style: RouteStyle::default(),
+            },
+            masq,
+            subnet_env,
+        })
+    }
+}
+
+/// The kernel's index of this node's device of each family, once it holds them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceIndex(pub Vec<(IpFamily, u32)>);
+
+impl DeviceIndex {
+    pub fn of(&self, family: IpFamily) -> Option<u32> {
+        self.0.iter().find(|(f, _)| *f == family).map(|(_, i)| *i)
+    }
+
+    pub fn contains(&self, index: u32) -> bool {
+        self.0.iter().any(|(_, i)| *i == index)
+    }
+}
+
+impl DatapathSpec {
+    /// The entries the other nodes' leases call for, with this node's devices at `devs`.
+    pub fn desired<'a>(
+        &self,
+        devs: &DeviceIndex,
+        others: impl IntoIterator<Item = &'a Lease>,
+    ) -> Desired {
+        let others = others.into_iter();
+        let has_devices = self.families.iter().any(|f| f.device.is_some());
+        let mut d = Desired {
+            want: Want::new(self.style, others.size_hint().0, has_devices),
+            skipped: Vec::new(),
+        };
+        if !self.backend.programs() {
+            return d;
+        }
+        for lease in others.filter(|l| l.key != self.own) {
+            if lease.attrs.backend_type != self.backend.name() {
+                d.skipped.push((
+                    lease.key,
+                    format!(
+                        "its backend is {:?}, this node's is {}",
+                        lease.attrs.backend_type,
+                        self.backend.name()
+                    ),
+                ));
+                continue;
+            }
+            for f in &self.families {
+                let Some(subnet) = lease.key.subnet(f.family) else {
+                    continue;
+                };
+                let Some(public) = lease.attrs.public(f.family) else {
+                    d.skipped
+                        .push((lease.key, format!("no public address for {subnet}")));
+                    continue;
+                };
+                let here = Here {
+                    ext: &self.ext,
+                    dev: devs.of(f.family),
+                };
+                let peer = Peer {
+                    key: lease.key,
+                    subnet,
+                    public,
+                    data: lease.attrs.backend_data_of(f.family),
+                };
+                if let Err(why) = self.backend.peer(&here, &peer, &mut d.want) {
+                    d.skipped.push((lease.key, why));
+                }
+            }
+        }
+        d
+    }
+
+    /// Whether a route of the kernel is one this datapath owns: into the cluster network (not
+    /// this node's own subnet), through a device of ours or via a gateway on the external
+    /// link.
+    pub fn owns_route(&self, devs: &DeviceIndex, r: &Route) -> bool {
+        if r.table != MAIN_TABLE || !self.backend.programs() {
+            return false;
+        }
+        let family = IpFamily::of(r.dst.ip());
+        let inside = self.families.iter().any(|f| {
+            f.family == family
+                && f.network.prefix() <= r.dst.prefix()
+                && f.network.contains(r.dst.network())
+        }) && self.own.subnet(family) != Some(r.dst);
+        let ours = r.oif.is_some_and(|o| devs.contains(o))
+            || (r.oif == Some(self.ext.index) && r.gw.is_some());
+        inside && ours
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::flags::Flags;
+    use crate::lease::LeaseAttrs;
+    use clap::Parser;
+    use cni_kernel::netlink::{FdbEntry, Neighbour};
+    use serde_json::value::RawValue;
+    use std::net::IpAddr;
+
+    fn settings(args: &[&str]) -> Settings {
+        let argv = std::iter::once("flanneld").chain(args.iter().copied());
+        Settings::from_flags(&Flags::try_parse_from(argv).unwrap())
+    }
+
+    fn ext() -> External {
+        External::example()
+    }
+
+    const MAC: [u8; 6] = [0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44];
+
+    fn data(mac: &str) -> Option<Box<RawValue>> {
+        RawValue::from_string(format!(r#"{{"VNI":1,"VtepMAC":"{mac}"}}"#)).ok()
+    }
+
+    fn lease(key: &str, ip: &str, ty: &str, mac: Option<&str>) -> Lease {
+        Lease {
+            key: SubnetKey::parse(key).unwrap(),
+            attrs: LeaseAttrs {
+                public_ip: ip.parse().ok(),
+                public_ipv6: None,
+                backend_type: ty.into(),
+                backend_data: mac.and_then(data),
+                backend_v6_data: None,
+            },
+        }
+    }
+
+    fn dual() -> NetConfig {
+        config::parse(r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#)
+            .unwrap()
+    }
+
+    fn own() -> Lease {
+        let mut l = lease(
+            "10.5.1.0-24&fc00:0:0:1::-64",
+            "192.168.0.1",
+            "vxlan",
+            Some("c6:d2:32:6f:8f:44"),
+        );
+        l.attrs.public_ipv6 = "fd00::1".parse().ok();
+        l.attrs.backend_v6_data = data("c6:d2:32:6f:8f:46");
+        l
+    }
+
+    fn spec(cfg: &NetConfig) -> DatapathSpec {
+        NodeSpec::derive(&settings(&[]), cfg, &ext(), &own())
+            .unwrap()
+            .datapath
+    }
+
+    fn devs() -> DeviceIndex {
+        DeviceIndex(vec![(IpFamily::V4, 10), (IpFamily::V6, 11)])
+    }
+
+    #[test]
+    fn the_node_follows_the_flags_the_config_the_interface_and_the_lease() {
+        let s = settings(&[
+            "--ip-masq",
+            "--ip-masq-fully-random-disable",
+            "--iptables-forward-rules=false",
+        ]);
+        let cfg = config::parse(
+            r#"{"Network":"10.5.0.0/16","IPv6Network":"fd00:5::/56","EnableIPv6":true,"EnableNFTables":true}"#,
+        )
+        .unwrap();
+        let mut own = lease(
+            "10.5.1.0-24",
+            "192.168.0.1",
+            "vxlan",
+            Some("c6:d2:32:6f:8f:44"),
+        );
+        own.key.ipv6 = None;
+        let node = NodeSpec::derive(&s, &cfg, &ext(), &own).unwrap();
+        assert_eq!(
+            node.masq,
+            Some(MasqSpec {
+                ipv4: Some((
+                    "10.5.0.0/16".parse().unwrap(),
+                    "10.5.1.0/24".parse().unwrap()
+                )),
+                ipv6: None,
+                nftables: true,
+                masq: true,
+                random_fully: false,
+                forward_rules: false,
+            })
+        );
+        let d = &node.datapath;
+        assert_eq!(d.backend.name(), "vxlan");
+        assert_eq!(d.families.len(), 2);
+        let v4 = d.families[0].device.as_ref().unwrap();
+        assert_eq!(v4.link.name, "flannel.1");
+        assert_eq!(v4.link.mac, Some(MAC));
+        assert_eq!(v4.address, "10.5.1.0/32".parse().ok());
+        let v6 = d.families[1].device.as_ref().unwrap();
+        assert_eq!(
+            (v6.link.name.as_str(), v6.link.mac, v6.address),
+            ("flannel-v6.1", None, None)
+        );
+        // Both families' devices: the IPv6 one's MTU is the pods'.
+        assert_eq!(node.subnet_env.mtu, 1430);
+        // Neither masquerade nor forward rules: no firewall rules at all.
+        let none = settings(&["--iptables-forward-rules=false"]);
+        assert_eq!(
+            NodeSpec::derive(&none, &cfg, &ext(), &own).unwrap().masq,
+            None
+        );
+    }
+
+    #[test]
+    fn subnet_env_is_flannels_byte_for_byte() {
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let key = SubnetKey::parse("10.5.52.0-24").unwrap();
+        assert_eq!(
+            subnet_env(&cfg, &key, 1450, true).render(),
+            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+        );
+        let key = SubnetKey::parse("10.5.52.0-24&fc00:0:0:1::-64").unwrap();
+        let cfg = config::parse(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            subnet_env(&cfg, &key, 1500, false).render(),
+            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:1::1/64\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n"
+        );
+        let cfg =
+            config::parse(r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fc00::/48"}"#)
+                .unwrap();
+        let key = SubnetKey::parse("0.0.0.0-0&fc00:0:0:7::-64").unwrap();
+        assert_eq!(
+            subnet_env(&cfg, &key, 1500, false).render(),
+            "FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:7::1/64\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n"
+        );
+        // The node's own derivation writes the same.
+        let node = NodeSpec::derive(
+            &settings(&["--ip-masq"]),
+            &config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
+            &ext(),
+            &lease(
+                "10.5.52.0-24",
+                "192.168.0.1",
+                "vxlan",
+                Some("c6:d2:32:6f:8f:44"),
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            node.subnet_env.render(),
+            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
+        );
+    }
+
+    #[test]
+    fn vxlan_gives_each_peer_a_route_a_neighbour_and_an_fdb_entry_per_family() {
+        let s = spec(&dual());
+        let mut peer = lease(
+            "10.5.2.0-24&fc00:0:0:2::-64",
+            "192.168.0.2",
+            "vxlan",
+            Some("c6:d2:32:6f:8f:44"),
+        );
+        peer.attrs.public_ipv6 = "fd00::2".parse().ok();
+        peer.attrs.backend_v6_data = data("c6:d2:32:6f:8f:46");
+        let d = s.desired(&devs(), &[peer, own()]);
+        let e = &d.want.entries;
+        let gw: IpAddr = "10.5.2.0".parse().unwrap();
+        assert_eq!(e.routes.len(), 2);
+        assert_eq!(
+            e.routes[0],
+            Route::new("10.5.2.0/24".parse().unwrap(), Some(gw), Some(10)).onlink()
+        );
+        assert_eq!(e.routes[1].oif, Some(11));
+        assert_eq!(e.neighbours[0], Neighbour::permanent(10, gw, MAC));
+        assert_eq!(e.neighbours[1].mac[5], 0x46);
+        assert_eq!(
+            e.fdb[0],
+            FdbEntry::permanent(10, MAC, "192.168.0.2".parse().unwrap())
+        );
+        assert_eq!(e.fdb[1].dst, "fd00::2".parse().ok());
+        assert!(d.skipped.is_empty(), "{:?}", d.skipped);
+    }
+
+    #[test]
+    fn leases_of_another_backend_or_without_an_address_are_skipped_with_why() {
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let s = spec(&cfg);
+        let d = s.desired(
+            &devs(),
+            &[
+                lease("10.5.2.0-24", "192.168.0.2", "host-gw", None),
+                lease("10.5.3.0-24", "192.168.0.3", "vxlan", None),
+                lease("10.5.4.0-24", "", "vxlan", Some("c6:d2:32:6f:8f:44")),
+            ],
+        );
+        assert_eq!(d.want.entries, Default::default());
+        let why: Vec<&str> = d.skipped.iter().map(|(_, w)| w.as_str()).collect();
+        assert_eq!(why.len(), 3);
+        assert!(why[0].contains("host-gw"));
+        assert!(why[1].contains("VtepMAC"));
+        assert!(why[2].contains("no public address for 10.5.4.0/24"));
+    }
+
+    #[test]
+    fn host_gw_routes_via_the_public_address_and_alloc_programs_nothing() {
+        let cfg =
+            config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#).unwrap();
+        let mut own = own();
+        own.attrs.backend_type = "host-gw".into();
+        let s = NodeSpec::derive(&settings(&[]), &cfg, &ext(), &own)
+            .unwrap()
+            .datapath;
+        assert!(s.families[0].device.is_none());
+        let d = s.desired(
+            &DeviceIndex::default(),
+            &[lease("10.5.2.0-24", "192.168.0.2", "host-gw", None)],
+        );
+        assert_eq!(
+            d.want.entries.routes,
+            [Route::new(
+                "10.5.2.0/24".parse().unwrap(),
+                "192.168.0.2".parse().ok(),
+                Some(2)
+            )]
+        );
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"alloc"}}"#).unwrap();
+        let s = NodeSpec::derive(&settings(&[]), &cfg, &ext(), &own)
+            .unwrap()
+            .datapath;
+        let d = s.desired(
+            &DeviceIndex::default(),
+            &[lease("10.5.2.0-24", "192.168.0.2", "alloc", None)],
+        );
+        assert!(d.skipped.is_empty());
+        assert_eq!(d.want.entries, Default::default());
+        let r = Route::new(
+            "10.5.2.0/24".parse().unwrap(),
+            "192.168.0.2".parse().ok(),
+            Some(2),
+        );
+        assert!(!s.owns_route(&DeviceIndex::default(), &r));
+    }
+
+    #[test]
+    fn only_routes_into_the_network_through_our_devices_are_owned() {
+        let s = spec(&dual());
+        let r = |dst: &str, gw: Option<&str>, oif: u32| {
+            Route::new(
+                dst.parse().unwrap(),
+                gw.and_then(|g| g.parse().ok()),
+                Some(oif),
+            )
+        };
+        let d = devs();
+        assert!(s.owns_route(&d, &r("10.5.2.0/24", Some("10.5.2.0"), 10)));
+        assert!(s.owns_route(&d, &r("10.5.2.0/24", Some("192.168.0.2"), 2)));
+        assert!(s.owns_route(&d, &r("fc00:0:0:2::/64", Some("fc00:0:0:2::"), 11)));
+        assert!(
+            !s.owns_route(&d, &r("10.5.1.0/24", None, 5)),
+            "own subnet (cni0)"
+        );
+        assert!(
+            !s.owns_route(&d, &r("10.5.1.0/24", Some("10.5.1.0"), 10)),
+            "own subnet"
+        );
+        assert!(
+            !s.owns_route(&d, &r("192.168.0.0/24", None, 2)),
+            "outside the network"
+        );
+        assert!(
+            !s.owns_route(&d, &r("10.5.9.0/24", None, 2)),
+            "no gateway on the external link"
+        );
+        assert!(
+            !s.owns_route(&d, &r("10.5.9.0/24", Some("10.0.0.1"), 7)),
+            "another device"
+        );
+        assert!(
+            !s.owns_route(&d, &r("10.0.0.0/8", Some("10.5.2.0"), 10)),
+            "wider than the network"
+        );
+    }
+}
