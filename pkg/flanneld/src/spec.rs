@@ -239,11 +239,14 @@ impl DatapathSpec {
             return false;
         }
         let family = IpFamily::of(r.dst.ip());
-        let inside = self.families.iter().any(|f| {
-            f.family == family
-                && f.network.prefix() <= r.dst.prefix()
-                && f.network.contains(r.dst.network())
-        }) && self.own.subnet(family) != Some(r.dst);
+        let within = |n: IpNetwork| n.prefix() <= r.dst.prefix() && n.contains(r.dst.network());
+        // Into this node's own subnet is never the datapath's: the bridge's route, or the
+        // kernel's route to an IPv6 device's own /128 address.
+        let inside = self
+            .families
+            .iter()
+            .any(|f| f.family == family && within(f.network))
+            && !self.own.subnet(family).is_some_and(within);
         let ours = r.oif.is_some_and(|o| devs.contains(o))
             || (r.oif == Some(self.ext.index) && r.gw.is_some());
         inside && ours

@@ -519,8 +519,6 @@ fn direct_routing_decides_per_family_whether_the_peer_is_on_the_link() {
 }
 
 #[test]
-#[ignore = "bug for issue 19's backend: owns_route claims the kernel's prefix route of \
-            flannel-v6.<VNI>'s own /128 address, and a dual-stack start deletes it"]
 fn the_kernels_route_to_the_ipv6_devices_own_address_is_not_the_datapaths() {
     // IPv6 adds `fc00:0:0:1:: dev flannel-v6.1 proto kernel metric 256` with the address; IPv4
     // adds no such route for flannel.1's /32.
