@@ -59,8 +59,12 @@ fn unix_secs(t: SystemTime) -> u64 {
 
 /// The subnet(s) of an earlier subnet.env, if it is readable.
 pub fn previous_key(path: &std::path::Path) -> Option<SubnetKey> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let entries = subnetenv::parse_entries(&text).ok()?;
+    previous_key_in(&std::fs::read_to_string(path).ok()?)
+}
+
+/// The subnet(s) an earlier subnet.env's text names, if any.
+pub fn previous_key_in(text: &str) -> Option<SubnetKey> {
+    let entries = subnetenv::parse_entries(text).ok()?;
     let ipv4 = match entries.subnet {
         Some(IpNetwork::V4(n)) => Ipv4Network::new(n.network(), n.prefix()).ok(),
         _ => None,
