@@ -572,7 +572,8 @@ fn dual_stack_vxlan_puts_back_ipv6_entries_deleted_by_hand() {
         "flannel-v6.1 deleted by hand to be back with its address, route, neighbour and FDB entry",
         REPAIR,
         || {
-            (p.a.ns.addresses("flannel-v6.1").contains(&addr_a6)
+            (p.a.ns.link("flannel-v6.1").is_some()
+                && p.a.ns.addresses("flannel-v6.1").contains(&addr_a6)
                 && has(&p.a, &route_show, &route)
                 && has(&p.a, &neigh_show, &neigh)
                 && has(&p.a, &fdb_show, "dst fd00::2"))

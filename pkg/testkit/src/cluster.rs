@@ -207,6 +207,18 @@ fn kube_lease_key(node: &Value) -> Option<String> {
     }
 }
 
+/// Packets the kernel has dropped so far because a CPU's input backlog was full
+/// (`/proc/net/softnet_stat`, second column, summed). The backlogs are the machine's, shared by
+/// every namespace: when other tests flood their veths, a test's own packet can be dropped there,
+/// through no fault of the code under test.
+pub fn backlog_drops() -> u64 {
+    fs::read_to_string("/proc/net/softnet_stat")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+        .sum()
+}
+
 /// A child process killed (and reaped) on drop.
 struct Process {
     child: Option<Child>,
