@@ -455,6 +455,23 @@ async fn entries_deleted_by_hand_are_announced() {
     )
     .await;
 
+    ns.ip(&["link", "set", "vx9", "up"]);
+    let nh = Nexthop::onlink(77, "10.78.0.0".parse().unwrap(), vx);
+    assert!(conn.set_nexthop(&nh).await.unwrap());
+    seen(
+        &mut events,
+        "the nexthop made",
+        |e| matches!(e, Event::Nexthop { nexthop, removed: false } if *nexthop == nh),
+    )
+    .await;
+    ns.ip(&["nexthop", "del", "id", "77"]);
+    seen(
+        &mut events,
+        "the nexthop deleted by hand",
+        |e| matches!(e, Event::Nexthop { nexthop, removed: true } if *nexthop == nh),
+    )
+    .await;
+
     ns.ip(&["link", "del", "vx9"]);
     seen(
         &mut events,

@@ -337,6 +337,8 @@ impl Plane for NetlinkPlane {
             }
             NlEvent::Neighbour { neighbour, .. } => ours(neighbour.device),
             NlEvent::Fdb { entry, .. } => ours(entry.device),
+            // The datapath keeps no nexthop objects yet.
+            NlEvent::Nexthop { .. } => false,
             NlEvent::Overflow => true,
         }
     }

@@ -1,9 +1,11 @@
-//! Link, address, route and neighbour changes as the kernel announces them, as a stream. An
+//! Link, address, route, neighbour and nexthop changes as the kernel announces them, as a
+//! stream. An
 //! event is a reason to look again, not a record to trust: a listener that falls behind
 //! loses some, and is then told so by [`Event::Overflow`].
 
+use super::nexthop::{self, Rtnl};
 use super::parse;
-use super::types::{FdbEntry, Link, Neighbour, Route};
+use super::types::{FdbEntry, Link, Neighbour, Nexthop, Route};
 use crate::error::{Error, Result};
 use crate::netns::Netns;
 use futures::channel::mpsc::UnboundedReceiver;
@@ -11,7 +13,7 @@ use futures::{Future, Stream};
 use ipnetwork::IpNetwork;
 use netlink_packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
-use rtnetlink::sys::SocketAddr;
+use rtnetlink::sys::{protocols::NETLINK_ROUTE, AsyncSocket, SocketAddr};
 use rtnetlink::MulticastGroup;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -40,6 +42,12 @@ pub enum Event {
         entry: FdbEntry,
         removed: bool,
     },
+    /// A nexthop object. Deleting one deletes the routes through it, and the kernel announces
+    /// only the nexthop's deletion for the IPv4 ones.
+    Nexthop {
+        nexthop: Nexthop,
+        removed: bool,
+    },
     /// The kernel dropped notifications its socket buffer could not hold: anything may have
     /// changed.
     Overflow,
@@ -52,9 +60,9 @@ pub enum Event {
 /// buffer fill and drop the rest, which it learns as one [`Event::Overflow`], instead of
 /// the notifications piling up in memory.
 pub struct Events {
-    conn: rtnetlink::proto::Connection<RouteNetlinkMessage>,
+    conn: rtnetlink::proto::Connection<Rtnl>,
     conn_done: bool,
-    messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
+    messages: UnboundedReceiver<(NetlinkMessage<Rtnl>, SocketAddr)>,
 }
 
 const GROUPS: &[MulticastGroup] = &[
@@ -64,6 +72,7 @@ const GROUPS: &[MulticastGroup] = &[
     MulticastGroup::Ipv6Ifaddr,
     MulticastGroup::Ipv4Route,
     MulticastGroup::Ipv6Route,
+    MulticastGroup::Nexthop,
 ];
 
 impl Events {
@@ -72,8 +81,19 @@ impl Events {
     pub fn subscribe() -> Result<Events> {
         tokio::runtime::Handle::try_current()
             .map_err(|e| Error::failed("listening to", "netlink notifications", e))?;
-        let (conn, _handle, messages) = rtnetlink::new_multicast_connection(GROUPS)
-            .map_err(|e| Error::io("listening to", "netlink notifications", &e))?;
+        let fail = |e: std::io::Error| Error::io("listening to", "netlink notifications", &e);
+        let (mut conn, _handle, messages) =
+            rtnetlink::proto::new_connection::<Rtnl>(NETLINK_ROUTE).map_err(fail)?;
+        let socket = conn.socket_mut().socket_mut();
+        // The groups from 32 on (nexthops are 32) are joined one by one, the others by the
+        // bind's mask.
+        let (low, high): (Vec<u32>, Vec<u32>) =
+            GROUPS.iter().map(|g| *g as u32).partition(|g| *g < 32);
+        let mask = low.iter().fold(0u32, |m, g| m | 1 << (g - 1));
+        socket.bind(&SocketAddr::new(0, mask)).map_err(fail)?;
+        for g in high {
+            socket.add_membership(g).map_err(fail)?;
+        }
         Ok(Events {
             conn,
             conn_done: false,
@@ -116,8 +136,18 @@ impl Stream for Events {
 }
 
 /// The event a notification tells of, if it is one this module models.
-fn event(m: &RouteNetlinkMessage) -> Option<Event> {
+fn event(m: &Rtnl) -> Option<Event> {
     use RouteNetlinkMessage as M;
+    let m = match m {
+        Rtnl::Route(m) => m,
+        Rtnl::NewNexthop(n) | Rtnl::DelNexthop(n) => {
+            return Some(Event::Nexthop {
+                nexthop: nexthop::nexthop(n)?,
+                removed: matches!(m, Rtnl::DelNexthop(_)),
+            })
+        }
+        Rtnl::GetNexthop(_) => return None,
+    };
     Some(match m {
         M::NewLink(l) | M::DelLink(l) => Event::Link {
             link: parse::link(l),
