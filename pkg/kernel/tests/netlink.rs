@@ -481,6 +481,56 @@ async fn entries_deleted_by_hand_are_announced() {
     .await;
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn a_listener_with_a_big_buffer_misses_nothing_of_a_burst() {
+    const N: u32 = 5000;
+    let ns = TestNs::new("kbb");
+    let handle = Netns::open(ns.path()).unwrap();
+    let conn = Conn::open_in(&handle).unwrap();
+    let mut events = Events::subscribe_in_with_buffer(&handle, 64 << 20).unwrap();
+    ns.ip(&[
+        "link", "add", "under0", "type", "veth", "peer", "name", "under1",
+    ]);
+    ns.ip(&["addr", "add", "192.168.61.1/24", "dev", "under0"]);
+    ns.ip(&["link", "set", "under0", "up"]);
+    let dev = conn.link_by_name("under0").await.unwrap().unwrap().index;
+    let routes: Vec<Route> = (0..N)
+        .map(|i| {
+            let dst = Ipv4Addr::from(0x0a90_0000 + (i << 8));
+            let gw = "192.168.61.254".parse().ok();
+            Route::new(
+                ipnetwork::IpNetwork::new(dst.into(), 24).unwrap(),
+                gw,
+                Some(dev),
+            )
+        })
+        .collect();
+    // Written while nobody reads the listener: its buffer holds them all.
+    let writes: Vec<Write> = routes.iter().map(Write::SetRoute).collect();
+    assert!(conn.write(&writes).await.is_empty());
+    let mut seen = 0;
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(e) = events.next().await {
+            match e {
+                Event::Overflow => return Err("an overflow"),
+                Event::Route {
+                    route,
+                    removed: false,
+                } if route.oif == Some(dev) && route.dst.prefix() == 24 => {
+                    seen += 1;
+                    if seen == N {
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+        }
+        Err("the end of the stream")
+    })
+    .await;
+    assert_eq!(counted, Ok(Ok(())), "{seen} of {N} route notifications");
+}
+
 #[test]
 fn blocking_calls_work_from_inside_an_async_runtime() {
     let ns = TestNs::new("kas");

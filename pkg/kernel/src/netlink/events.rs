@@ -105,6 +105,18 @@ impl Events {
     pub fn subscribe_in(ns: &Netns) -> Result<Events> {
         ns.run(Self::subscribe)?
     }
+
+    /// Listens inside `ns` with a receive buffer of `bytes` (forced past
+    /// `net.core.rmem_max`, which takes CAP_NET_ADMIN): for a listener that must see every
+    /// notification of a burst, such as a benchmark counting them. The kernel charges each
+    /// notification about a kilobyte, whatever its size.
+    pub fn subscribe_in_with_buffer(ns: &Netns, bytes: usize) -> Result<Events> {
+        let mut events = Self::subscribe_in(ns)?;
+        let socket = events.conn.socket_mut().socket_mut();
+        nix::sys::socket::setsockopt(&*socket, nix::sys::socket::sockopt::RcvBufForce, &bytes)
+            .map_err(|e| Error::os("sizing the receive buffer of", "a netlink listener", e))?;
+        Ok(events)
+    }
 }
 
 impl Stream for Events {
