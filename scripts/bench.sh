@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks against Debian's Go plugins (/usr/lib/cni), each in the same run and in
 # throwaway namespaces: host-local, bridge (+host-local), flannel (-> bridge -> host-local), portmap;
-# and the daemon flanneld against a real etcd (no Go flanneld is packaged to compare with).
+# and the daemon flanneld against a real etcd (no Go flanneld is packaged to compare with), beside
+# the kernel's own batch tools writing the same entries as plain routes and through nexthop objects
+# (benches/route_styles.rs; ROUTE_STYLES_N=1000,5000 picks its sizes, 50,000 takes minutes).
 # Needs root and the containernetworking-plugins package. Pass plugin names to run only some.
 set -euo pipefail
 cd "$(dirname "$0")/.."
