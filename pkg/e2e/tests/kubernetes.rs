@@ -1,7 +1,8 @@
-//! deploy/kubernetes/flanneld.yml, checked as Kubernetes would read it (no cluster and no
-//! registry here): its objects and the DaemonSet's pod, the images and paths it names against
-//! what deploy/Dockerfile builds, and the init container's step (deploy/cni-install.sh) run for
-//! real against a throwaway root.
+//! deploy/kubernetes/flanneld.yml (leases in etcd) and flanneld-kube.yml (leases in the
+//! Kubernetes API), checked as Kubernetes would read them (no cluster and no registry here):
+//! their objects and the DaemonSet's pod, the kube mode's RBAC against what the daemon's tests
+//! prove it needs, the images and paths they name against what deploy/Dockerfile builds, and
+//! the init container's step (deploy/cni-install.sh) run for real against a throwaway root.
 
 use e2e::plugins::{repo_root, PLUGINS};
 use serde_json::Value;
@@ -16,8 +17,17 @@ fn image() -> String {
     format!("flannel-cni-rs:{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// The etcd-mode manifest and the kube-mode one.
+const ETCD_MODE: &str = "flanneld.yml";
+const KUBE_MODE: &str = "flanneld-kube.yml";
+const MANIFESTS: [&str; 2] = [ETCD_MODE, KUBE_MODE];
+
 fn manifest() -> Vec<Value> {
-    let path = repo_root().join("deploy/kubernetes/flanneld.yml");
+    manifest_at(ETCD_MODE)
+}
+
+fn manifest_at(file: &str) -> Vec<Value> {
+    let path = repo_root().join("deploy/kubernetes").join(file);
     let text = fs::read_to_string(&path).unwrap();
     serde_norway::Deserializer::from_str(&text)
         .map(|doc| {
@@ -113,7 +123,32 @@ fn flanneld_runs_with_the_network_capabilities_its_etcd_settings_and_probes_on_i
     let containers = pod["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1);
     let c = &containers[0];
+    let args = check_flanneld_container(pod, c);
 
+    // The etcd settings: FLANNELD_* variables from the manifest's own ConfigMap.
+    let from = c["envFrom"].as_array().unwrap();
+    let map = from
+        .iter()
+        .find_map(|e| e["configMapRef"]["name"].as_str())
+        .expect("envFrom a ConfigMap");
+    let etcd = object(&docs, "ConfigMap", map);
+    let endpoints = etcd["data"]["FLANNELD_ETCD_ENDPOINTS"].as_str().unwrap();
+    assert!(
+        endpoints.split(',').all(|e| e.starts_with("http")),
+        "FLANNELD_ETCD_ENDPOINTS: {endpoints}"
+    );
+    for key in etcd["data"].as_object().unwrap().keys() {
+        assert!(
+            key.starts_with("FLANNELD_"),
+            "{key} is not a flanneld variable"
+        );
+    }
+    assert!(!args.contains(&"--kube-subnet-mgr".to_string()));
+}
+
+/// What both modes' flanneld container must be: flags flanneld takes, probes on its health
+/// port, subnet.env on the host and the network config from the ConfigMap. Returns the args.
+fn check_flanneld_container(pod: &Value, c: &Value) -> Vec<String> {
     assert_eq!(strs(&c["command"]), ["/usr/local/bin/flanneld"]);
     let caps = strs(&c["securityContext"]["capabilities"]["add"]);
     for cap in ["NET_ADMIN", "NET_RAW"] {
@@ -123,7 +158,6 @@ fn flanneld_runs_with_the_network_capabilities_its_etcd_settings_and_probes_on_i
         c["securityContext"]["privileged"], true,
         "no more than it needs"
     );
-
     let args = strs(&c["args"]);
     // flanneld parses flags before acting on --help: an unknown flag or bad value fails here.
     let parsed = Command::new(testkit::bin_dir().join("flanneld"))
@@ -154,25 +188,6 @@ fn flanneld_runs_with_the_network_capabilities_its_etcd_settings_and_probes_on_i
         }
     }
 
-    // The etcd settings: FLANNELD_* variables from the manifest's own ConfigMap.
-    let from = c["envFrom"].as_array().unwrap();
-    let map = from
-        .iter()
-        .find_map(|e| e["configMapRef"]["name"].as_str())
-        .expect("envFrom a ConfigMap");
-    let etcd = object(&docs, "ConfigMap", map);
-    let endpoints = etcd["data"]["FLANNELD_ETCD_ENDPOINTS"].as_str().unwrap();
-    assert!(
-        endpoints.split(',').all(|e| e.starts_with("http")),
-        "FLANNELD_ETCD_ENDPOINTS: {endpoints}"
-    );
-    for key in etcd["data"].as_object().unwrap().keys() {
-        assert!(
-            key.starts_with("FLANNELD_"),
-            "{key} is not a flanneld variable"
-        );
-    }
-
     // subnet.env reaches the host, where the flannel plugin reads it.
     let mounts = mounts(pod, c);
     assert_eq!(
@@ -185,6 +200,131 @@ fn flanneld_runs_with_the_network_capabilities_its_etcd_settings_and_probes_on_i
         mounted_config_maps(pod, c).contains(&format!("{}/", dir.display())),
         "{net_conf} comes from the ConfigMap"
     );
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn the_kube_manifest_holds_kube_flannels_objects() {
+    let docs = manifest_at(KUBE_MODE);
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "DaemonSet"
+        ]
+    );
+    let ns = docs[0]["metadata"]["name"].as_str().unwrap();
+    for doc in &docs {
+        let cluster_scoped = ["Namespace", "ClusterRole", "ClusterRoleBinding"]
+            .contains(&doc["kind"].as_str().unwrap());
+        assert_eq!(
+            doc["metadata"]["namespace"].as_str().is_none(),
+            cluster_scoped,
+            "{doc}"
+        );
+        if !cluster_scoped {
+            assert_eq!(doc["metadata"]["namespace"], ns, "{doc}");
+        }
+    }
+    let sa = docs.iter().find(|d| d["kind"] == "ServiceAccount").unwrap();
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let binding = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRoleBinding")
+        .unwrap();
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["apiGroup"], "rbac.authorization.k8s.io");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let subjects = binding["subjects"].as_array().unwrap();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0]["kind"], "ServiceAccount");
+    assert_eq!(subjects[0]["name"], sa["metadata"]["name"]);
+    assert_eq!(subjects[0]["namespace"], ns);
+
+    let ds = daemonset(&docs);
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"], ds["spec"]["template"]["metadata"]["labels"],
+        "the selector picks the template's pods"
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"]);
+    assert_ne!(
+        pod["automountServiceAccountToken"], false,
+        "flanneld reads its token from the service account's mount"
+    );
+    // The same conflist and network config as the etcd mode's.
+    let cfg = object(&docs, "ConfigMap", "flanneld-cfg");
+    let etcd_docs = manifest();
+    let etcd_cfg = object(&etcd_docs, "ConfigMap", "flanneld-cfg");
+    assert_eq!(cfg["data"], etcd_cfg["data"]);
+}
+
+#[test]
+fn the_kube_role_allows_exactly_what_flanneld_asks_for() {
+    let docs = manifest_at(KUBE_MODE);
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        assert_eq!(
+            strs(&rule["apiGroups"]),
+            [""],
+            "the core group only: {rule}"
+        );
+        for r in strs(&rule["resources"]) {
+            for v in strs(&rule["verbs"]) {
+                granted.insert((v.to_string(), r.to_string()));
+            }
+        }
+    }
+    // The rules the daemon's tests give it at the API server stand-in, where every other
+    // request is refused as RBAC refuses it.
+    let needed: BTreeSet<(String, String)> = testkit::kube_api::FLANNEL_RULES
+        .iter()
+        .map(|(v, r)| (v.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(granted, needed);
+}
+
+#[test]
+fn flanneld_in_kube_mode_knows_its_node_and_takes_no_etcd_settings() {
+    let docs = manifest_at(KUBE_MODE);
+    let pod = &daemonset(&docs)["spec"]["template"]["spec"];
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    let args = check_flanneld_container(pod, c);
+    for wanted in ["--kube-subnet-mgr", "--ip-masq"] {
+        assert!(
+            args.iter().any(|a| a == wanted),
+            "{wanted} missing from {args:?}"
+        );
+    }
+    assert!(
+        !args.iter().any(|a| a.starts_with("--etcd")) && c["envFrom"].is_null(),
+        "no etcd in kube mode"
+    );
+    let env: std::collections::BTreeMap<&str, &str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["valueFrom"]["fieldRef"]["fieldPath"]
+                    .as_str()
+                    .unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(env.get("NODE_NAME"), Some(&"spec.nodeName"));
+    assert_eq!(env.get("POD_NAME"), Some(&"metadata.name"));
+    assert_eq!(env.get("POD_NAMESPACE"), Some(&"metadata.namespace"));
 }
 
 /// A container's mount paths and the host paths behind them.
@@ -226,8 +366,13 @@ fn mounted_config_maps(pod: &Value, c: &Value) -> BTreeSet<String> {
 
 #[test]
 fn the_init_step_writes_the_hosts_cni_directories() {
-    let docs = manifest();
-    let pod = &daemonset(&docs)["spec"]["template"]["spec"];
+    for file in MANIFESTS {
+        init_step_writes_the_hosts_cni_directories(&manifest_at(file));
+    }
+}
+
+fn init_step_writes_the_hosts_cni_directories(docs: &[Value]) {
+    let pod = &daemonset(docs)["spec"]["template"]["spec"];
     let init = pod["initContainers"].as_array().unwrap();
     assert_eq!(init.len(), 1);
     let c = &init[0];
@@ -256,9 +401,14 @@ fn the_init_step_writes_the_hosts_cni_directories() {
 }
 
 #[test]
-fn every_image_and_path_the_manifest_runs_is_one_the_dockerfile_builds() {
-    let docs = manifest();
-    let pod = &daemonset(&docs)["spec"]["template"]["spec"];
+fn every_image_and_path_the_manifests_run_is_one_the_dockerfile_builds() {
+    for file in MANIFESTS {
+        images_and_paths_are_the_dockerfiles(&manifest_at(file));
+    }
+}
+
+fn images_and_paths_are_the_dockerfiles(docs: &[Value]) {
+    let pod = &daemonset(docs)["spec"]["template"]["spec"];
     let dockerfile = fs::read_to_string(repo_root().join("deploy/Dockerfile")).unwrap();
     assert!(
         dockerfile.contains(&format!(
