@@ -1,7 +1,8 @@
 //! Three nodes on one machine (testkit::cluster: node namespaces on an underlay bridge), flanneld
 //! on each, two pods per node through the stock flannel conflist: what an operator checks on a
 //! real cluster. Once against the embedded registry and once against a real etcd in the
-//! underlay, for vxlan, host-gw and vxlan with DirectRouting.
+//! underlay, for vxlan, host-gw and vxlan with DirectRouting; vxlan and host-gw also with
+//! leases from Node objects (`--kube-subnet-mgr`, the API server stand-in in the underlay).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -329,4 +330,6 @@ backend_tests! {
     host_gw_etcd, "chx": Registry::Etcd, Backend::HostGw;
     direct_routing_embedded, "cde": Registry::Embedded, Backend::DirectRouting;
     direct_routing_etcd, "cdx": Registry::Etcd, Backend::DirectRouting;
+    vxlan_kube, "cvk": Registry::Kube, Backend::Vxlan;
+    host_gw_kube, "chk": Registry::Kube, Backend::HostGw;
 }

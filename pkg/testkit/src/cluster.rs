@@ -1066,6 +1066,19 @@ impl Cluster {
         )
     }
 
+    /// The process id of node `index`'s flanneld, while it runs.
+    pub fn flanneld_pid(&mut self, index: u8) -> Option<u32> {
+        let d = self.node_mut(index).daemon.as_mut()?;
+        d.running().then(|| d.child.as_ref().map(Child::id))?
+    }
+
+    /// How node `index`'s flanneld exited: its status code, or None while it runs (or after
+    /// a signal).
+    pub fn flanneld_exit(&mut self, index: u8) -> Option<i32> {
+        let d = self.node_mut(index).daemon.as_mut()?;
+        d.child.as_mut()?.try_wait().ok()??.code()
+    }
+
     /// Kills node `index`'s flanneld (SIGKILL, as when the machine dies); its lease stays.
     pub fn stop_flanneld(&mut self, index: u8) {
         if let Some(mut d) = self.node_mut(index).daemon.take() {

@@ -197,6 +197,23 @@ impl Drop for TestNs {
     }
 }
 
+/// The user plus system CPU time process `pid` has used so far (zero when it is gone).
+pub fn cpu_time(pid: u32) -> std::time::Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses: utime and stime are 14 and 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    std::time::Duration::from_millis(ticks * 1000 / hz.max(1))
+}
+
 /// Where the workspace's built binaries are: next to the test executable's `deps/`.
 pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CNI_TEST_BIN_DIR") {

@@ -10,7 +10,8 @@
 
 use crate::config::NetConfig;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
-use crate::registry::{Change, Entry};
+use crate::metrics::{self, METRICS};
+use crate::registry::{Change, Entry, Listing, WatchEnd};
 use crate::view::BadEntry;
 use futures::{Stream, StreamExt};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
@@ -22,8 +23,11 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
 
 /// flanneld's `--kube-annotation-prefix` default.
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
@@ -962,6 +966,152 @@ impl KubeClient {
         );
         let _: Value = self.request(op, req).await?;
         Ok(())
+    }
+}
+
+/// The Kubernetes API as the daemon's registry of leases: this node's name, the watch's state
+/// and where the network config is.
+pub struct KubeRegistry {
+    client: KubeClient,
+    node_name: String,
+    names: Annotations,
+    net_conf_path: PathBuf,
+    set_node_network_unavailable: bool,
+    watch: Mutex<Option<NodeWatch>>,
+}
+
+/// Log lines about the same failure come at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+/// Retries of a failed request wait from 200 ms up to this.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A failure logged once, then again only every `LOG_EVERY` while it lasts.
+#[derive(Default)]
+struct Quiet {
+    last: Option<Instant>,
+}
+
+impl Quiet {
+    fn due(&mut self) -> bool {
+        let due = self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
+        if due {
+            self.last = Some(Instant::now());
+        }
+        due
+    }
+}
+
+impl KubeRegistry {
+    pub fn new(
+        client: KubeClient,
+        node_name: String,
+        names: Annotations,
+        net_conf_path: PathBuf,
+        set_node_network_unavailable: bool,
+    ) -> KubeRegistry {
+        KubeRegistry {
+            client,
+            node_name,
+            names,
+            net_conf_path,
+            set_node_network_unavailable,
+            watch: Mutex::new(None),
+        }
+    }
+
+    pub fn client(&self) -> &KubeClient {
+        &self.client
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    pub fn names(&self) -> &Annotations {
+        &self.names
+    }
+
+    pub fn net_conf_path(&self) -> &Path {
+        &self.net_conf_path
+    }
+
+    pub fn sets_node_network_unavailable(&self) -> bool {
+        self.set_node_network_unavailable
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<NodeWatch>> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every node that is a lease, listed anew; the watch resumes from this listing.
+    pub async fn list_leases(&self, families: Families) -> Result<Listing, KubeError> {
+        let (nodes, rv) = self.client.list_nodes().await?;
+        let mut guard = self.lock();
+        let w = guard.get_or_insert_with(|| NodeWatch::new(self.names.clone(), families));
+        let d = w.listed(nodes, rv);
+        Ok(Listing {
+            entries: w.entries().cloned().collect(),
+            bad: d.bad,
+            revision: 0,
+        })
+    }
+
+    /// Follows the nodes from the last listing, sending every lease change, until a 410 asks
+    /// for a new listing (`Compacted`) or nobody listens. A broken connection, a server that
+    /// ends the watch or answers 5xx, is watched again from where it was, backing off.
+    pub async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let mut delay = Duration::from_millis(200);
+        let mut quiet = Quiet::default();
+        loop {
+            let rv = match self.lock().as_ref() {
+                Some(w) => w.resource_version().to_string(),
+                None => return WatchEnd::Broken("the nodes were never listed".into()),
+            };
+            let failure = match self.client.watch_nodes(&rv).await {
+                Err(e) => Some(e.to_string()),
+                Ok(mut events) => loop {
+                    let Some(item) = events.next().await else {
+                        break None;
+                    };
+                    let step = match item {
+                        Ok(ev) => match self.lock().as_mut() {
+                            Some(w) => w.event(ev),
+                            None => return WatchEnd::Broken("the nodes were never listed".into()),
+                        },
+                        Err(e) => break Some(e.to_string()),
+                    };
+                    match step {
+                        Ok(d) => {
+                            delay = Duration::from_millis(200);
+                            for b in &d.bad {
+                                warn!("skipping {}: {}", b.key, b.reason);
+                            }
+                            for c in d.changes {
+                                if tx.send(c).await.is_err() {
+                                    return WatchEnd::Closed;
+                                }
+                            }
+                        }
+                        Err(WatchStop::Expired(m)) => {
+                            info!("the watch on the nodes is too old ({m}); listing them again");
+                            return WatchEnd::Compacted(0);
+                        }
+                        Err(WatchStop::Failed(m)) => break Some(m),
+                    }
+                },
+            };
+            if let Some(why) = failure {
+                metrics::inc(&METRICS.registry_errors);
+                if quiet.due() {
+                    warn!(
+                        "watching the nodes at {}: {why}; retrying",
+                        self.client.server()
+                    );
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+        }
     }
 }
 

@@ -1,0 +1,464 @@
+//! flanneld --kube-subnet-mgr on nodes of testkit::cluster with `Registry::Kube`: the API
+//! server stand-in in the underlay, a Node per node with its podCIDR. What kube-flannel's users
+//! would check: the annotations and the condition as flanneld writes them, a node annotated in
+//! flanneld's format read, the API server gone for a minute, a 410, a missing right, a missing
+//! or wrong podCIDR, this node deleted. (The full mesh, a node joining and one leaving run with
+//! the other registries in cluster.rs.)
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use testkit::cluster::{kube_node_name, wait_for, Cluster, Node, Registry};
+
+const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
+const T: Duration = Duration::from_secs(30);
+/// How long a change in the nodes may take to show in every other node's kernel.
+const SETTLE: Duration = Duration::from_secs(5);
+const P: &str = "flannel.alpha.coreos.com/";
+const HEALTHZ: &[&str] = &["--healthz-ip", "127.0.0.1", "--healthz-port", "8285"];
+
+fn vxlan(net: u8) -> String {
+    format!(r#"{{"Network":"10.{net}.0.0/16","Backend":{{"Type":"vxlan"}}}}"#)
+}
+
+fn start_all(c: &mut Cluster, extra: &[&str]) {
+    let nodes: Vec<u8> = c.nodes().iter().map(|n| n.index).collect();
+    for &i in &nodes {
+        c.start_flanneld(i, Path::new(FLANNELD), extra);
+    }
+    for &i in &nodes {
+        c.node(i).wait_subnet_env(T);
+    }
+}
+
+/// The Node object of node `i` as the API server holds it.
+fn node_obj(c: &Cluster, i: u8) -> Value {
+    c.kube()
+        .node(&kube_node_name(i))
+        .unwrap_or_else(|| panic!("no Node for node {i}"))
+}
+
+/// Node `i`'s annotations under flannel's prefix, the prefix taken off.
+fn flannel_annotations(c: &Cluster, i: u8) -> Vec<(String, String)> {
+    let n = node_obj(c, i);
+    let mut out: Vec<(String, String)> = n["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.strip_prefix(P)?.to_string(), v.as_str()?.to_string())))
+        .collect();
+    out.sort();
+    out
+}
+
+fn vxlan_mac(node: &Node) -> String {
+    node.ns
+        .link("flannel.1")
+        .and_then(|l| l["address"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("no flannel.1 on node {}", node.index))
+}
+
+fn http_code(node: &Node, path: &str) -> String {
+    let out = node.ns.try_run(
+        "curl",
+        &[
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "2",
+            "-w",
+            "%{http_code}",
+            &format!("http://127.0.0.1:8285{path}"),
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What a node's kernel holds for the other nodes.
+fn datapath(node: &Node) -> String {
+    format!("{}\n{}\n{}", node.routes(), node.neighbours(), node.fdb())
+}
+
+/// A Node annotated as Go's flanneld annotates it, for a node that runs no daemon here.
+fn hand_annotated(name: &str, cidr: &str, mac: &str, public_ip: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {
+            "flannel.alpha.coreos.com/backend-data": format!(r#"{{"VNI":1,"VtepMAC":"{mac}"}}"#),
+            "flannel.alpha.coreos.com/backend-type": "vxlan",
+            "flannel.alpha.coreos.com/kube-subnet-manager": "true",
+            "flannel.alpha.coreos.com/public-ip": public_ip,
+        }},
+        "spec": {"podCIDR": cidr},
+    })
+}
+
+/// Node `node` holds the route, neighbour and FDB entry of a vxlan peer.
+fn has_peer(node: &Node, subnet: &str, mac: &str, public_ip: &str) -> bool {
+    let vtep = subnet.split('/').next().unwrap_or_default();
+    node.routes()
+        .lines()
+        .any(|l| l.starts_with(&format!("{subnet} via {vtep} dev flannel.1")))
+        && node
+            .neighbours()
+            .lines()
+            .any(|l| l.starts_with(&format!("{vtep} dev flannel.1 lladdr {mac}")))
+        && node.fdb().contains(&format!("{mac} dst {public_ip} "))
+}
+
+fn lists_by(c: &Cluster, i: u8) -> usize {
+    let user = c.node(i).kube_user().expect("a kube user").name.clone();
+    c.kube()
+        .requests()
+        .iter()
+        .filter(|r| r.user == user && r.verb == "list" && !r.query.contains("continue="))
+        .count()
+}
+
+#[test]
+fn the_annotations_and_the_condition_are_flanneld_s_field_by_field() {
+    let mut c = Cluster::new("kan", 81, 3, Registry::Kube, &vxlan(81));
+    // Another controller's condition, which the merge by type keeps; a user's overwrite of
+    // node 3's public address.
+    c.kube()
+        .patch_node(
+            "node1",
+            true,
+            &json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}}),
+        )
+        .unwrap();
+    c.kube()
+        .patch_node(
+            "node3",
+            false,
+            &json!({"metadata": {"annotations": {"flannel.alpha.coreos.com/public-ip-overwrite": "192.168.81.203"}}}),
+        )
+        .unwrap();
+    start_all(&mut c, &[]);
+    for n in c.nodes() {
+        let i = n.index;
+        wait_for(
+            &format!("node {i}'s NetworkUnavailable condition"),
+            T,
+            || {
+                node_obj(&c, i)["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == "NetworkUnavailable")
+                    .then_some(())
+            },
+        );
+        let public = if i == 3 {
+            "192.168.81.203"
+        } else {
+            n.ip.as_str()
+        };
+        let mut want = vec![
+            (
+                "backend-data".to_string(),
+                format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, vxlan_mac(n)),
+            ),
+            ("backend-type".into(), "vxlan".into()),
+            ("kube-subnet-manager".into(), "true".into()),
+            ("public-ip".into(), public.into()),
+        ];
+        if i == 3 {
+            want.push(("public-ip-overwrite".into(), "192.168.81.203".into()));
+        }
+        want.sort();
+        assert_eq!(flannel_annotations(&c, i), want, "node {i}");
+        let obj = node_obj(&c, i);
+        let cond = obj["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "NetworkUnavailable")
+            .unwrap()
+            .clone();
+        assert_eq!(cond["status"], "False");
+        assert_eq!(cond["reason"], "FlannelIsUp");
+        assert_eq!(cond["message"], "Flannel is running on this node");
+        for t in ["lastHeartbeatTime", "lastTransitionTime"] {
+            let v = cond[t].as_str().unwrap_or_default();
+            assert!(v.len() == 20 && v.ends_with('Z'), "{t} {v:?}");
+        }
+        // The lease is the podCIDR.
+        let cidr = obj["spec"]["podCIDR"].as_str().unwrap();
+        assert_eq!(n.lease_key(T), testkit::cluster::subnet_key(cidr));
+    }
+    let types: Vec<Value> = node_obj(&c, 1)["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].clone())
+        .collect();
+    assert_eq!(types, [json!("Ready"), json!("NetworkUnavailable")]);
+    // The overwrite is where the other nodes send node 3's traffic.
+    let mac3 = vxlan_mac(c.node(3));
+    wait_for("node 1's FDB entry for node 3 at its overwrite", T, || {
+        c.node(1)
+            .fdb()
+            .contains(&format!("{mac3} dst 192.168.81.203 "))
+            .then_some(())
+    });
+
+    // A restart with flannel.1 gone keeps the VtepMAC the annotations hold (flannel#1795).
+    let mac1 = vxlan_mac(c.node(1));
+    c.stop_flanneld(1);
+    c.node(1).ns.ip(&["link", "del", "flannel.1"]);
+    let patches_before = c
+        .kube()
+        .requests()
+        .iter()
+        .filter(|r| r.verb == "patch" && r.path == "/api/v1/nodes/node1/status")
+        .count();
+    c.start_flanneld(1, Path::new(FLANNELD), &[]);
+    wait_for("flannel.1 on node 1 again", T, || {
+        c.node(1).ns.link("flannel.1").map(|_| ())
+    });
+    assert_eq!(
+        vxlan_mac(c.node(1)),
+        mac1,
+        "the VtepMAC changed with the restart"
+    );
+    c.node(1).wait_log("NetworkUnavailable", T);
+    let patches: Vec<_> = c
+        .kube()
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb == "patch" && r.path == "/api/v1/nodes/node1/status")
+        .collect();
+    assert_eq!(
+        patches.len() - patches_before,
+        1,
+        "only the condition is written again: {patches:?}"
+    );
+}
+
+#[test]
+fn a_node_annotated_in_flanneld_s_format_is_read_and_a_garbled_one_skipped() {
+    let mut c = Cluster::new("krd", 82, 2, Registry::Kube, &vxlan(82));
+    start_all(&mut c, &[]);
+    c.kube().create_node(hand_annotated(
+        "go-node",
+        "10.82.50.0/24",
+        "0e:11:22:33:44:55",
+        "192.168.82.77",
+    ));
+    let mut garbled = hand_annotated("bad-node", "10.82.51.0/24", "0e:11:22:33:44:56", "nope");
+    garbled["metadata"]["annotations"]["flannel.alpha.coreos.com/backend-type"] = "vxlan".into();
+    c.kube().create_node(garbled);
+    for n in c.nodes() {
+        wait_for(
+            &format!("node {}'s entries for go-node", n.index),
+            SETTLE,
+            || has_peer(n, "10.82.50.0/24", "0e:11:22:33:44:55", "192.168.82.77").then_some(()),
+        );
+        n.wait_log("bad-node", T);
+        let log = n.log();
+        let line = log.lines().find(|l| l.contains("bad-node")).unwrap();
+        assert!(
+            line.contains("public-ip") && line.contains("nope"),
+            "{line}"
+        );
+        assert!(!n.routes().contains("10.82.51.0/24"), "{}", n.routes());
+    }
+    for i in [1, 2] {
+        assert!(c.flanneld_running(i), "{}", c.node(i).log());
+    }
+}
+
+#[test]
+fn the_api_server_gone_for_a_minute_leaves_the_datapath_and_costs_no_cpu() {
+    let mut c = Cluster::new("kgo", 83, 3, Registry::Kube, &vxlan(83));
+    start_all(&mut c, HEALTHZ);
+    for n in c.nodes() {
+        for o in c.nodes().iter().filter(|o| o.index != n.index) {
+            let key = o.lease_key(T);
+            n.wait_log(&format!("lease added: {key}"), T);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let before: Vec<String> = c.nodes().iter().map(datapath).collect();
+    let pids: Vec<u32> = (1..=3).map(|i| c.flanneld_pid(i).unwrap()).collect();
+    let cpu: Vec<Duration> = pids.iter().map(|&p| testkit::cpu_time(p)).collect();
+
+    c.kube_mut().stop();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        for n in c.nodes() {
+            assert_eq!(http_code(n, "/healthz"), "200", "node {}", n.index);
+        }
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    for (i, n) in c.nodes().iter().enumerate() {
+        assert_eq!(
+            datapath(n),
+            before[i],
+            "node {}'s datapath changed",
+            n.index
+        );
+        let used = testkit::cpu_time(pids[i]) - cpu[i];
+        assert!(
+            used < Duration::from_secs(1),
+            "node {}'s flanneld used {used:?} of CPU in the minute without an API server",
+            n.index
+        );
+    }
+    let log = c.node(1).log();
+    let complaints = log.lines().filter(|l| l.contains("retrying")).count();
+    assert!(
+        complaints <= 6,
+        "{complaints} log lines in a minute:\n{log}"
+    );
+
+    c.kube_mut().resume();
+    c.kube().create_node(hand_annotated(
+        "late",
+        "10.83.60.0/24",
+        "0e:00:00:00:00:60",
+        "192.168.83.60",
+    ));
+    for n in c.nodes() {
+        wait_for(
+            &format!(
+                "node {}'s entries for a node added after the outage",
+                n.index
+            ),
+            Duration::from_secs(10),
+            || has_peer(n, "10.83.60.0/24", "0e:00:00:00:00:60", "192.168.83.60").then_some(()),
+        );
+    }
+}
+
+#[test]
+fn a_410_costs_one_list_and_delivers_only_the_difference() {
+    let mut c = Cluster::new("k41", 84, 3, Registry::Kube, &vxlan(84));
+    start_all(&mut c, &[]);
+    let key3 = c.node(3).lease_key(T);
+    let subnet3 = key3.replacen('-', "/", 1);
+    for n in [1, 2] {
+        wait_for(&format!("node {n}'s route to node 3"), T, || {
+            c.node(n).routes().contains(&subnet3).then_some(())
+        });
+    }
+    let lists: Vec<usize> = [1, 2].iter().map(|&i| lists_by(&c, i)).collect();
+    let added = c.kube().requests().len();
+
+    // While the server is down, node 3 leaves and another joins; the server comes back
+    // having forgotten the events of that time.
+    c.stop_flanneld(3);
+    c.kube_mut().stop();
+    c.kube().delete_node("node3").unwrap();
+    c.kube().create_node(hand_annotated(
+        "joined",
+        "10.84.70.0/24",
+        "0e:00:00:00:00:70",
+        "192.168.84.70",
+    ));
+    c.kube().compact();
+    c.kube_mut().resume();
+
+    for i in [1, 2] {
+        let n = c.node(i);
+        wait_for(&format!("node {i} to follow the difference"), T, || {
+            (has_peer(n, "10.84.70.0/24", "0e:00:00:00:00:70", "192.168.84.70")
+                && !n.routes().contains(&subnet3))
+            .then_some(())
+        });
+        n.wait_log("lease removed", T);
+    }
+    for (k, i) in [1u8, 2].iter().enumerate() {
+        assert_eq!(
+            lists_by(&c, *i) - lists[k],
+            1,
+            "node {i} listed more than once: {:?}",
+            &c.kube().requests()[added..]
+        );
+        // Only the difference: node 1 hears of no lease it already had.
+        let log = c.node(*i).log();
+        let other = if *i == 1 { 2 } else { 1 };
+        let key = c.node(other).lease_key(T);
+        assert_eq!(
+            log.matches(&format!("lease added: {key}")).count(),
+            1,
+            "node {i} was told of node {other}'s lease again:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn without_the_right_to_patch_the_status_the_log_names_the_verb_and_the_resource() {
+    let mut c = Cluster::new("k43", 85, 1, Registry::Kube, &vxlan(85));
+    let token = c.node(1).kube_user().unwrap().token.clone();
+    c.kube().forbid(&token, "patch", "nodes/status");
+    c.start_flanneld(1, Path::new(FLANNELD), HEALTHZ);
+    c.node(1).wait_log("patch nodes/status", T);
+    let log = c.node(1).log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("patch nodes/status"))
+        .unwrap();
+    assert!(
+        line.contains(r#"cannot patch resource "nodes/status" in API group """#),
+        "{line}"
+    );
+    wait_for("/readyz to answer", T, || {
+        (http_code(c.node(1), "/readyz") == "503").then_some(())
+    });
+    assert!(c.flanneld_running(1), "{log}");
+    // Given the right, it goes on by itself.
+    c.kube().allow(&token, "patch", "nodes/status");
+    c.node(1).wait_subnet_env(T);
+    wait_for("/readyz 200", T, || {
+        (http_code(c.node(1), "/readyz") == "200").then_some(())
+    });
+}
+
+#[test]
+fn a_node_without_a_pod_cidr_waits_and_one_outside_the_network_is_refused() {
+    let mut c = Cluster::new("kpc", 86, 2, Registry::Kube, &vxlan(86));
+    c.kube().delete_node("node1").unwrap();
+    c.create_kube_node(1, false);
+    c.start_flanneld(1, Path::new(FLANNELD), HEALTHZ);
+    c.node(1).wait_log("no podCIDR", T);
+    wait_for("/readyz to answer 503", T, || {
+        (http_code(c.node(1), "/readyz") == "503").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    let waits = c.node(1).log().matches("no podCIDR").count();
+    assert!(
+        waits <= 2,
+        "{waits} lines while waiting 5 s:\n{}",
+        c.node(1).log()
+    );
+    c.assign_pod_cidrs(1);
+    assert_eq!(c.node(1).lease_key(T), "10.86.1.0-24");
+    wait_for("/readyz 200", T, || {
+        (http_code(c.node(1), "/readyz") == "200").then_some(())
+    });
+
+    c.kube().delete_node("node2").unwrap();
+    c.kube().create_node(json!({
+        "metadata": {"name": "node2"}, "spec": {"podCIDR": "10.99.2.0/24"}
+    }));
+    c.start_flanneld(2, Path::new(FLANNELD), &[]);
+    let code = wait_for("node 2's flanneld to exit", T, || c.flanneld_exit(2));
+    assert_eq!(code, 2, "{}", c.node(2).log());
+    let log = c.node(2).log();
+    assert!(
+        log.contains("10.99.2.0/24") && log.contains("10.86.0.0/16"),
+        "{log}"
+    );
+}
+
+#[test]
+fn this_node_deleted_ends_the_daemon_as_a_deleted_lease_does() {
+    let mut c = Cluster::new("kdl", 87, 2, Registry::Kube, &vxlan(87));
+    start_all(&mut c, &[]);
+    c.kube().delete_node("node2").unwrap();
+    let code = wait_for("node 2's flanneld to exit", T, || c.flanneld_exit(2));
+    assert_eq!(code, 1, "{}", c.node(2).log());
+    assert!(c.flanneld_running(1));
+}
