@@ -11,7 +11,9 @@
 use crate::config::NetConfig;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
-use crate::registry::{Change, Entry, Listing, WatchEnd};
+use crate::registry::{Change, Entry, Listing, Registry, RegistryError, WatchEnd};
+
+type RegResult<T> = crate::registry::Result<T>;
 use crate::view::BadEntry;
 use futures::{Stream, StreamExt};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
@@ -25,7 +27,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -334,21 +336,26 @@ pub fn node_public_ips(
     Ok((v4, v6))
 }
 
-/// The VtepMACs this node's annotations already hold (IPv4, IPv6), so that a restart keeps
-/// them (flannel-io/flannel#1795: a MAC that changed with every reboot went stale on peers).
-pub fn stored_vtep_macs(
-    node: &NodeObject,
-    names: &Annotations,
-) -> (Option<String>, Option<String>) {
-    let mac = |name: &str| {
-        serde_json::from_str::<Value>(node.annotation(name))
-            .ok()?
-            .get("VtepMAC")?
-            .as_str()
-            .filter(|m| !m.is_empty())
-            .map(str::to_string)
-    };
-    (mac(&names.backend_data), mac(&names.backend_v6_data))
+/// The attributes this node's annotations hold, whatever else they lack: its backend data
+/// (where the VtepMAC is, kept across restarts since a MAC that changed with every reboot went
+/// stale on peers, flannel-io/flannel#1795) and type, and its public addresses where they parse.
+pub fn own_attrs(node: &NodeObject, names: &Annotations) -> Option<LeaseAttrs> {
+    let backend_data = backend_data(node, &names.backend_data).ok().flatten();
+    let backend_v6_data = backend_data_v6(node, names);
+    if backend_data.is_none() && backend_v6_data.is_none() {
+        return None;
+    }
+    Some(LeaseAttrs {
+        public_ip: node.annotation(&names.public_ip).parse().ok(),
+        public_ipv6: node.annotation(&names.public_ipv6).parse().ok(),
+        backend_type: node.annotation(&names.backend_type).to_string(),
+        backend_data,
+        backend_v6_data,
+    })
+}
+
+fn backend_data_v6(node: &NodeObject, names: &Annotations) -> Option<Box<RawValue>> {
+    backend_data(node, &names.backend_v6_data).ok().flatten()
 }
 
 /// The strategic-merge PATCH of `nodes/<name>/status` that makes this node's annotations say
@@ -1043,6 +1050,118 @@ impl KubeRegistry {
         self.watch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// This node's lease: its podCIDR, waited for while it has none; then its annotations
+    /// written as flanneld writes them, then (`--set-node-network-unavailable`) its condition.
+    /// Requests that fail are retried with backoff, logged once per 30 s; Err only for a
+    /// podCIDR the network config cannot hold, which waiting does not change.
+    pub async fn take_lease(
+        &self,
+        cfg: &NetConfig,
+        attrs: &LeaseAttrs,
+    ) -> Result<SubnetKey, String> {
+        let name = self.node_name.as_str();
+        let mut waiting = Quiet::default();
+        let mut failing = Quiet::default();
+        let mut delay = Duration::from_millis(200);
+        let mut fail = |what: String, delay: &mut Duration| {
+            metrics::inc(&METRICS.registry_errors);
+            if failing.due() {
+                warn!("{what}; retrying");
+            }
+            let d = *delay;
+            *delay = (*delay * 2).min(MAX_BACKOFF);
+            d
+        };
+        'again: loop {
+            let node = match self.client.node(name).await {
+                Ok(n) => n,
+                Err(KubeError::NotFound(_)) => {
+                    if waiting.due() {
+                        info!("node {name:?} is not in the Kubernetes API yet; waiting for it");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(e) => {
+                    let d = fail(format!("reading node {name:?}: {e}"), &mut delay);
+                    tokio::time::sleep(d).await;
+                    continue;
+                }
+            };
+            let key = match own_subnet(&node, cfg)? {
+                Some(k) => k,
+                None => {
+                    if waiting.due() {
+                        info!(
+                            "node {name:?} has no podCIDR yet; waiting for the cluster to assign                              one (the controller manager's --allocate-node-cidrs)"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if let Some(patch) = annotation_patch(&node, attrs, &self.names) {
+                loop {
+                    match self.client.patch_node_status(name, &patch).await {
+                        Ok(()) => break,
+                        Err(KubeError::NotFound(_)) => continue 'again,
+                        Err(e) => {
+                            let d = fail(
+                                format!("writing node {name:?}'s annotations: {e}"),
+                                &mut delay,
+                            );
+                            tokio::time::sleep(d).await;
+                        }
+                    }
+                }
+                let written: Vec<&str> = patch["metadata"]["annotations"]
+                    .as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                info!("wrote node {name:?}'s annotations {}", written.join(", "));
+            }
+            if self.set_node_network_unavailable {
+                loop {
+                    let patch = network_available_patch(k8s_openapi::chrono::Utc::now());
+                    match self.client.patch_node_status(name, &patch).await {
+                        Ok(()) => break,
+                        Err(KubeError::NotFound(_)) => continue 'again,
+                        Err(e) => {
+                            let d = fail(
+                                format!(
+                                    "setting node {name:?}'s NetworkUnavailable condition: {e}"
+                                ),
+                                &mut delay,
+                            );
+                            tokio::time::sleep(d).await;
+                        }
+                    }
+                }
+                info!("set node {name:?}'s condition NetworkUnavailable=False (FlannelIsUp)");
+            }
+            return Ok(key);
+        }
+    }
+
+    /// What this node's annotations say of it, for the VtepMAC to keep (flannel#1795);
+    /// None when the node cannot be read at once or carries no backend data.
+    pub async fn earlier_attrs(&self) -> Option<LeaseAttrs> {
+        let node = tokio::time::timeout(Duration::from_secs(5), self.client.node(&self.node_name))
+            .await
+            .ok()?
+            .ok()?;
+        own_attrs(&node, &self.names)
+    }
+
+    /// The addresses a user set for this node (`node-public-ip`, `node-public-ipv6`), which
+    /// take the place of `--public-ip` and `--public-ipv6`.
+    pub async fn annotated_public_ips(
+        &self,
+    ) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), KubeError> {
+        let node = self.client.node(&self.node_name).await?;
+        node_public_ips(&node, &self.names).map_err(KubeError::Refused)
+    }
+
     /// Every node that is a lease, listed anew; the watch resumes from this listing.
     pub async fn list_leases(&self, families: Families) -> Result<Listing, KubeError> {
         let (nodes, rv) = self.client.list_nodes().await?;
@@ -1112,6 +1231,73 @@ impl KubeRegistry {
                 delay = (delay * 2).min(MAX_BACKOFF);
             }
         }
+    }
+}
+
+impl KubeRegistry {
+    /// The families of the network config, for reading other nodes' annotations.
+    fn families(&self) -> Families {
+        std::fs::read_to_string(&self.net_conf_path)
+            .ok()
+            .and_then(|t| crate::config::parse(&t).ok())
+            .map(|c| Families::of(&c))
+            .unwrap_or(Families {
+                ipv4: true,
+                ipv6: false,
+            })
+    }
+}
+
+impl Registry for KubeRegistry {
+    fn describe(&self) -> String {
+        format!(
+            "the Kubernetes API at {} (node {:?})",
+            self.client.server(),
+            self.node_name
+        )
+    }
+
+    fn config_location(&self) -> String {
+        self.net_conf_path.display().to_string()
+    }
+
+    /// The network config is a file (the ConfigMap's net-conf.json), as in flanneld's kube mode.
+    async fn config(&self) -> RegResult<Option<Vec<u8>>> {
+        match std::fs::read(&self.net_conf_path) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RegistryError::Failed(format!(
+                "reading {}: {e}",
+                self.net_conf_path.display()
+            ))),
+        }
+    }
+
+    async fn list(&self) -> RegResult<Listing> {
+        self.list_leases(self.families())
+            .await
+            .map_err(|e| RegistryError::Failed(e.to_string()))
+    }
+
+    /// Subnets are the cluster's to assign: a node never creates one.
+    async fn create(&self, key: &SubnetKey, _: &str, _: Duration) -> RegResult<SystemTime> {
+        Err(RegistryError::Failed(format!(
+            "subnet {key}: in the Kubernetes mode a node's subnet is its podCIDR, assigned by the cluster"
+        )))
+    }
+
+    /// A podCIDR does not expire; the annotations stay until the node goes.
+    async fn renew(&self, _: &SubnetKey, _: &str, ttl: Duration) -> RegResult<SystemTime> {
+        Ok(SystemTime::now() + ttl)
+    }
+
+    /// A podCIDR is the cluster's; it goes with the Node.
+    async fn delete(&self, _: &SubnetKey) -> RegResult<()> {
+        Ok(())
+    }
+
+    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        self.follow(tx).await
     }
 }
 
@@ -1403,17 +1589,9 @@ mod tests {
         let l = node_lease(&written, &a, both).unwrap().unwrap();
         assert_eq!(l.key.to_string(), "10.5.1.0-24&fd00:0:0:1::-64");
         assert_eq!(l.attrs, at);
-        assert_eq!(
-            stored_vtep_macs(&written, &a),
-            (
-                Some("aa:aa:aa:aa:aa:aa".into()),
-                Some("bb:bb:bb:bb:bb:bb".into())
-            )
-        );
-        assert_eq!(
-            stored_vtep_macs(&node("x", &[], json!({})), &a),
-            (None, None)
-        );
+        // What the daemon keeps of its own node: the backend data, even before it is managed.
+        assert_eq!(own_attrs(&written, &a).unwrap(), at);
+        assert!(own_attrs(&node("x", &[], json!({})), &a).is_none());
     }
 
     #[test]
