@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The suite's main job: a three-node flannel cluster on this one machine. It builds, installs
 # into a temporary prefix, joins three node namespaces to an "underlay" namespace's bridge, runs
-# flanneld on each (embedded registry, or with --etcd a real etcd started in the underlay),
+# flanneld on each (embedded registry, with --etcd a real etcd started in the underlay, or with
+# --kube leases from Node objects in the Kubernetes API server stand-in started there),
 # makes two pods per node through the plugins of the stock 10-flannel.conflist, has every pod
 # ping every other and talk TCP across nodes, prints what each node holds, and tears it all
 # down (--keep leaves it up and prints the command that removes it). With --dual-stack the
@@ -12,8 +13,9 @@ set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: $0 [--etcd] [--backend vxlan|host-gw] [--dual-stack] [--keep] [--no-build | --debug]
+usage: $0 [--etcd | --kube] [--backend vxlan|host-gw] [--dual-stack] [--keep] [--no-build | --debug]
   --etcd        leases in a real etcd started in the underlay namespace (default: the embedded registry)
+  --kube        leases from Node objects (--kube-subnet-mgr) in the API server stand-in in the underlay
   --backend B   the network's backend (default vxlan)
   --dual-stack  IPv6 beside IPv4: on the underlay, in the network config, in every pod
   --keep        leave the cluster up and print the command that tears it down
@@ -23,6 +25,7 @@ USAGE
 }
 
 use_etcd=0
+use_kube=0
 backend=vxlan
 dual=0
 keep=0
@@ -30,6 +33,7 @@ build=release
 while [ $# -gt 0 ]; do
     case "$1" in
         --etcd) use_etcd=1; shift ;;
+        --kube) use_kube=1; shift ;;
         --backend) backend=${2:?--backend needs vxlan or host-gw}; shift 2 ;;
         --dual-stack) dual=1; shift ;;
         --keep) keep=1; shift ;;
@@ -40,6 +44,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 case "$backend" in vxlan|host-gw) ;; *) echo "--backend: vxlan or host-gw, not $backend" >&2; exit 2 ;; esac
+[ "$use_etcd$use_kube" = 11 ] && { echo "--etcd and --kube: one registry at a time" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "the demo creates network namespaces: run as root" >&2; exit 1; }
 
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -150,6 +155,11 @@ if [ "$use_etcd" = 1 ] && ! { command -v etcd && command -v etcdctl; } >/dev/nul
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
 fi
+if [ "$use_kube" = 1 ] && ! command -v kubectl >/dev/null; then
+    echo "installing kubernetes-client (kubectl) for --kube"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
+fi
 
 # flanneld beside the plugins; its unit and env file stay inside $prefix too.
 install_args=(--bin-dir "$prefix/bin" --conf-dir "$prefix/net.d" --with-conf --daemon
@@ -168,6 +178,14 @@ case "$build" in
         install -m 0644 "$top"/testdata/*.conflist "$prefix/net.d/" ;;
 esac
 show cat "$prefix/net.d/10-flannel.conflist"
+if [ "$use_kube" = 1 ]; then
+    # The API server stand-in of the tests (testkit), built with the same profile.
+    profile=release
+    [ "$build" = debug ] && profile=debug
+    [ "$build" = none ] || (cd "$top" && cargo build --quiet -p testkit --bin kube-apiserver-standin \
+        $([ "$profile" = release ] && echo --release))
+    install -m 0755 "${CARGO_TARGET_DIR:-$top/target}/$profile/kube-apiserver-standin" "$prefix/bin/"
+fi
 
 step "the underlay: namespace $underlay with bridge br0 at $net.254/24"
 add_ns "$underlay"
@@ -200,7 +218,41 @@ done
 
 config="{\"Network\":\"$network\",\"Backend\":{\"Type\":\"$backend\"}}"
 [ "$dual" = 1 ] && config="{\"Network\":\"$network\",\"EnableIPv6\":true,\"IPv6Network\":\"$network6\",\"Backend\":{\"Type\":\"$backend\"}}"
-if [ "$use_etcd" = 1 ]; then
+# The blocks named in $1 (keys two spaces in) of the YAML on stdin, as kubectl prints them.
+yaml_blocks() {
+    awk -v want=" $1 " '/^[a-zA-Z]/ { show = 0 }
+        match($0, /^  [a-zA-Z]+:/) { show = index(want, " " substr($0, 3, RLENGTH - 3) " ") > 0 }
+        show'
+}
+# Node n's Node object: its podCIDRs, as the controller manager's node IPAM gives them.
+node_object() {
+    local n=$1 cidrs="\"${network%.0.0/16}.$n.0/24\""
+    [ "$dual" = 1 ] && cidrs="$cidrs,\"${network6%::/48}:$n::/64\""
+    echo "{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"node$n\"},\"spec\":{\"podCIDRs\":[$cidrs]}}"
+}
+node_env=()
+if [ "$use_kube" = 1 ]; then
+    api="https://$net.254:6443"
+    step "the registry: the Kubernetes API server stand-in in the underlay at $api, a Node per node"
+    sa=system:serviceaccount:flannel-cni-rs:flanneld
+    nsenter --net="/run/netns/$underlay" "$prefix/bin/kube-apiserver-standin" --dir "$prefix/kube" \
+        --listen "$net.254:6443" --user "$sa" >"$prefix/kube.log" 2>&1 &
+    pids+=($!)
+    admin=$prefix/kube/kubernetes-admin.kubeconfig
+    for _ in $(seq 100); do grep -q '^serving' "$prefix/kube.log" 2>/dev/null && break; sleep 0.1; done
+    grep -q '^serving' "$prefix/kube.log" || { cat "$prefix/kube.log" >&2; fail "underlay: the API server stand-in did not start"; }
+    kubectl() { in_underlay env HOME="$prefix/kube" KUBECONFIG="$admin" kubectl "$@"; }
+    for n in "${nodes[@]}"; do
+        node_object "$n" >"$prefix/kube/node$n.json"
+        kubectl create --validate=false -f "$prefix/kube/node$n.json" >/dev/null || fail "creating Node node$n"
+    done
+    show kubectl get nodes -o custom-columns=NAME:.metadata.name,PODCIDRS:.spec.podCIDRs
+    echo "$config" >"$prefix/net-conf.json"
+    show cat "$prefix/net-conf.json"
+    # Every flanneld uses one service account, allowed what kube-flannel's ClusterRole allows.
+    registry_args=(--kube-subnet-mgr --kubeconfig-file "$prefix/kube/${sa//:/_}.kubeconfig"
+        --net-config-path "$prefix/net-conf.json")
+elif [ "$use_etcd" = 1 ]; then
     etcd_url="http://$net.254:2379"
     step "the registry: etcd in the underlay at $etcd_url, holding the network config"
     nsenter --net="/run/netns/$underlay" etcd --name demo --data-dir "$prefix/etcd" \
@@ -224,7 +276,8 @@ fi
 
 step "flanneld on every node: a lease, subnet.env, then the $backend entries for the other nodes"
 for n in "${nodes[@]}"; do
-    nsenter --net="/run/netns/$(node_ns "$n")" "$prefix/bin/flanneld" "${registry_args[@]}" --iface eth0 \
+    [ "$use_kube" = 1 ] && node_env=(NODE_NAME="node$n")
+    nsenter --net="/run/netns/$(node_ns "$n")" env "${node_env[@]}" "$prefix/bin/flanneld" "${registry_args[@]}" --iface eth0 \
         --subnet-file "$prefix/node$n/subnet.env" --ip-masq 2>"$prefix/node$n/flanneld.log" &
     pids+=($!)
 done
@@ -239,6 +292,12 @@ if [ "$dual" = 1 ] && [ "$backend" = vxlan ]; then
     mtu_of() { in_node 1 ip -o link show "$1" | sed -n 's/.* mtu \([0-9]*\).*/\1/p'; }
     printf '    node 1: eth0 mtu %s, flannel.1 mtu %s, flannel-v6.1 mtu %s\n' \
         "$(mtu_of eth0)" "$(mtu_of flannel.1)" "$(mtu_of flannel-v6.1)"
+fi
+if [ "$use_kube" = 1 ]; then
+    for n in "${nodes[@]}"; do
+        printf '$ kubectl get node node%s -o yaml   (its annotations and conditions)\n' "$n"
+        kubectl get node "node$n" -o yaml | yaml_blocks "annotations conditions" | sed 's/^/    /'
+    done
 fi
 # Every node has a route to every other node's subnet before any pod talks.
 for n in "${nodes[@]}"; do
