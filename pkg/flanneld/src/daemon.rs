@@ -2,7 +2,7 @@
 //! renewed), what the node should be (`NodeSpec`), subnet.env, and the other nodes' leases
 //! followed through watches and resyncs into the reconciler of the node's kernel state.
 
-use crate::alloc::{self, Node};
+use crate::alloc::Node;
 use crate::backend;
 use crate::config::{self, ConfigError, NetConfig};
 use crate::error::{LeaseLost, StartError};
@@ -204,6 +204,9 @@ async fn follow<R: Registry>(
         }
         // However the watch ended, the next round lists everything again and diffs.
         match watcher.await {
+            Ok(WatchEnd::Compacted(0)) => {
+                info!("the watch on {where_} fell behind; listing again");
+            }
             Ok(WatchEnd::Compacted(rev)) => {
                 info!("the watch on {where_} fell behind a compaction (revision {rev}); listing again");
             }
@@ -259,24 +262,6 @@ async fn deliver(
     })
 }
 
-/// The lease that carries this node's public address, if the registry answers at once.
-async fn own_earlier_lease<R: Registry>(
-    reg: &R,
-    cfg: &NetConfig,
-    node: &Node,
-) -> Option<LeaseAttrs> {
-    let listing = tokio::time::timeout(Duration::from_secs(5), reg.list())
-        .await
-        .ok()?
-        .ok()?;
-    listing
-        .entries
-        .iter()
-        .filter_map(|e| crate::lease::Lease::decode(&e.key, &e.value).ok())
-        .find(|l| alloc::is_mine(cfg, node, l))
-        .map(|l| l.attrs)
-}
-
 /// Runs until stopped or the lease is lost.
 pub async fn run<R: Registry>(
     reg: Arc<R>,
@@ -328,7 +313,7 @@ async fn serve<R: Registry>(
         public_ipv6: ext.public_ipv6,
     };
     // This node's lease from before, for what its devices announced.
-    let earlier = own_earlier_lease(reg.as_ref(), &cfg, &node).await;
+    let earlier = reg.earlier_lease(&cfg, &node).await;
     let conn = Conn::open()?;
     let mut attrs = LeaseAttrs {
         public_ip: node.public_ip,
@@ -352,7 +337,7 @@ async fn serve<R: Registry>(
         attrs: &attrs,
         ttl: settings.ttl,
     };
-    let (key, expiry) = reg.acquire(&request).await;
+    let (key, expiry) = reg.acquire(&request).await.map_err(StartError::Lease)?;
     info!("leased subnet {key} in {}", reg.describe());
     metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
     let own = Lease {

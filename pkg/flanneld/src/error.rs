@@ -18,6 +18,8 @@ pub enum StartError {
     Backend(String),
     /// The kernel refused what the backend needs before the lease is taken (its device).
     Kernel(cni_kernel::Error),
+    /// The registry's lease cannot serve this network config (a podCIDR outside `Network`).
+    Lease(String),
 }
 
 impl fmt::Display for StartError {
@@ -27,6 +29,7 @@ impl fmt::Display for StartError {
             StartError::Interface(e) => e.fmt(f),
             StartError::Backend(why) => f.write_str(why),
             StartError::Kernel(e) => e.fmt(f),
+            StartError::Lease(why) => f.write_str(why),
         }
     }
 }

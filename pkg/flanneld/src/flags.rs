@@ -196,7 +196,8 @@ pub struct Flags {
     )]
     pub registry_dir: Option<PathBuf>,
 
-    /// Not supported yet: refused with a message.
+    /// Leases from the Kubernetes API: this node's subnet is its Node's podCIDR, the other
+    /// nodes' leases are their annotations (the node is NODE_NAME, else POD_NAME's node).
     #[arg(long, env = "FLANNELD_KUBE_SUBNET_MGR", value_parser = go_bool, num_args = 0..=1,
           default_value = "false", default_missing_value = "true", value_name = "BOOL")]
     pub kube_subnet_mgr: bool,

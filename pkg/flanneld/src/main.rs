@@ -7,6 +7,7 @@ use flanneld::flags::{normalise_args, Flags};
 use flanneld::iface::Interfaces;
 use flanneld::registry::dir::DirRegistry;
 use flanneld::registry::etcd::EtcdRegistry;
+use flanneld::registry::kube::KubeRegistry;
 use flanneld::registry::Registry;
 use flanneld::settings::{RegistryChoice, Settings};
 use std::net::SocketAddr;
@@ -49,13 +50,6 @@ fn main() -> ExitCode {
         logs.init();
     }
 
-    if flags.kube_subnet_mgr {
-        error!(
-            "--kube-subnet-mgr is not supported yet: keep leases in etcd (--etcd-endpoints) or, \
-             on one machine, in the embedded registry (--registry-dir)"
-        );
-        return ExitCode::from(2);
-    }
     let settings = Settings::from_flags(&flags);
     info!("{}", settings.registry.describe());
 
@@ -124,6 +118,18 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
             };
             run(Arc::new(reg), settings, ifaces, ready).await
         }
+        RegistryChoice::Kube(options) => {
+            let reg = match KubeRegistry::open(options).await {
+                Ok(r) => r,
+                Err(e) => {
+                    error!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut settings = settings.clone();
+            reg.apply_public_ips(&mut settings.wanted).await;
+            run(Arc::new(reg), &settings, ifaces, ready).await
+        }
     };
     match exit {
         Exit::Stopped => ExitCode::SUCCESS,
@@ -167,6 +173,17 @@ async fn doctor_run(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> E
                 }
             }
         }
+        RegistryChoice::Kube(options) => match KubeRegistry::open(options).await {
+            Ok(reg) => {
+                let mut settings = settings.clone();
+                reg.apply_public_ips(&mut settings.wanted).await;
+                doctor::examine(&reg, &settings, &ifaces, flags.fix).await
+            }
+            Err(e) => {
+                error!("{e}");
+                return ExitCode::from(1);
+            }
+        },
     };
     if flags.json {
         println!(

@@ -4,6 +4,7 @@
 use crate::flags::Flags;
 use crate::iface::Wanted;
 use crate::registry::etcd::EtcdOptions;
+use crate::registry::kube::KubeOptions;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,6 +22,9 @@ pub enum RegistryChoice {
     /// The embedded registry: a directory shared by the daemons of one machine
     /// (`--registry-dir`), the network config falling back to `--net-config-path`.
     Dir { root: PathBuf, net_config: PathBuf },
+    /// The Kubernetes API (`--kube-subnet-mgr`): a node's subnet is its podCIDR, the network
+    /// config is `--net-config-path`.
+    Kube(KubeOptions),
 }
 
 impl RegistryChoice {
@@ -44,6 +48,16 @@ impl RegistryChoice {
                 "leases in etcd at {} under {}",
                 options.endpoints.join(","),
                 options.prefix
+            ),
+            RegistryChoice::Kube(k) => format!(
+                "--kube-subnet-mgr given: leases from Node objects in the Kubernetes API ({}), \
+                 annotations under {}",
+                match (&k.api_url, &k.kubeconfig) {
+                    (_, Some(path)) => format!("kubeconfig {}", path.display()),
+                    (Some(url), None) => url.clone(),
+                    (None, None) => "in-cluster configuration".into(),
+                },
+                k.annotation_prefix
             ),
         }
     }
@@ -86,6 +100,14 @@ impl Settings {
             password: flags.etcd_password.clone(),
         };
         let registry = match (&flags.registry_dir, flags.etcd_endpoints.is_empty()) {
+            // As in flanneld, the kube mode wins over any etcd setting.
+            _ if flags.kube_subnet_mgr => RegistryChoice::Kube(KubeOptions {
+                api_url: flags.kube_api_url.clone(),
+                kubeconfig: flags.kubeconfig_file.clone(),
+                annotation_prefix: flags.kube_annotation_prefix.clone(),
+                set_node_network_unavailable: flags.set_node_network_unavailable,
+                net_config: flags.net_config_path.clone(),
+            }),
             (Some(root), true) => RegistryChoice::Dir {
                 root: root.clone(),
                 net_config: flags.net_config_path.clone(),

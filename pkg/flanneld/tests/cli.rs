@@ -88,18 +88,26 @@ fn a_wrong_flag_value_is_refused_naming_the_flag_and_the_value() {
 }
 
 #[test]
-fn kube_subnet_mgr_is_refused_with_what_to_use_instead() {
-    let out = run(&["--kube-subnet-mgr", "--ip-masq"]);
+fn kube_subnet_mgr_without_a_way_to_the_api_server_is_refused_saying_what_was_tried() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(FLANNELD)
+        .args(["--kube-subnet-mgr", "--ip-masq"])
+        .env("HOME", home.path())
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("running flanneld");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--kube-subnet-mgr is not supported yet"),
-        "{err}"
-    );
-    assert!(
-        err.contains("--etcd-endpoints") && err.contains("--registry-dir"),
-        "{err}"
-    );
+    for said in [
+        "--kubeconfig-file",
+        "--kube-api-url",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBECONFIG",
+    ] {
+        assert!(err.contains(said), "{said} not in: {err}");
+    }
 }
 
 fn http_get(node: &Node, url_path: &str) -> String {

@@ -75,9 +75,15 @@ fn http_code(node: &Node, path: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// What a node's kernel holds for the other nodes.
+/// What a node's kernel holds for the other nodes: its routes, the permanent neighbours
+/// (the kernel's own ARP states on eth0 come and go) and the FDB.
 fn datapath(node: &Node) -> String {
-    format!("{}\n{}\n{}", node.routes(), node.neighbours(), node.fdb())
+    format!(
+        "{}\n{}\n{}",
+        node.routes(),
+        node.ns.ip(&["neigh", "show", "nud", "permanent"]),
+        node.fdb()
+    )
 }
 
 /// A Node annotated as Go's flanneld annotates it, for a node that runs no daemon here.

@@ -11,7 +11,7 @@
 use crate::config::NetConfig;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
-use crate::registry::{Change, Entry, Listing, Registry, RegistryError, WatchEnd};
+use crate::registry::{Change, Entry, LeaseRequest, Listing, Registry, RegistryError, WatchEnd};
 
 type RegResult<T> = crate::registry::Result<T>;
 use crate::view::BadEntry;
@@ -976,6 +976,17 @@ impl KubeClient {
     }
 }
 
+/// `--kube-subnet-mgr` and its flags.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    pub api_url: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub annotation_prefix: String,
+    pub set_node_network_unavailable: bool,
+    /// `--net-config-path`: the network config, as kube-flannel's ConfigMap mounts it.
+    pub net_config: PathBuf,
+}
+
 /// The Kubernetes API as the daemon's registry of leases: this node's name, the watch's state
 /// and where the network config is.
 pub struct KubeRegistry {
@@ -1023,6 +1034,75 @@ impl KubeRegistry {
             net_conf_path,
             set_node_network_unavailable,
             watch: Mutex::new(None),
+        }
+    }
+
+    /// Connects as the flags say and finds this node's name (through its pod when NODE_NAME
+    /// is unset), waiting while the API server does not answer; Err for what waiting does not
+    /// mend (no configuration, no name, a refusal).
+    pub async fn open(opts: &KubeOptions) -> Result<KubeRegistry, KubeError> {
+        let names = Annotations::new(&opts.annotation_prefix)
+            .map_err(|e| KubeError::Config(format!("--kube-annotation-prefix {e}")))?;
+        let client =
+            KubeClient::connect(opts.api_url.as_deref(), opts.kubeconfig.as_deref()).await?;
+        let env = NodeEnv::from_env();
+        let mut quiet = Quiet::default();
+        let node_name = loop {
+            match client.node_name(&env).await {
+                Ok(n) => break n,
+                Err(KubeError::Unavailable(e)) => {
+                    if quiet.due() {
+                        warn!("finding this node's name: {e}; retrying");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        info!(
+            "this node is {node_name:?} in the Kubernetes API at {}",
+            client.server()
+        );
+        Ok(KubeRegistry::new(
+            client,
+            node_name,
+            names,
+            opts.net_config.clone(),
+            opts.set_node_network_unavailable,
+        ))
+    }
+
+    /// Puts the addresses a user annotated this node with (`node-public-ip`,
+    /// `node-public-ipv6`) in place of `--public-ip` and `--public-ipv6`, as flanneld does
+    /// before it looks for the interface. A node that cannot be read at once keeps the flags'.
+    pub async fn apply_public_ips(&self, wanted: &mut crate::iface::Wanted) {
+        let read = tokio::time::timeout(Duration::from_secs(5), self.annotated_public_ips()).await;
+        match read {
+            Ok(Ok((v4, v6))) => {
+                if let Some(ip) = v4 {
+                    info!(
+                        "public address {ip} from annotation {}",
+                        self.names.node_public_ip
+                    );
+                    wanted.public_ip = Some(ip);
+                }
+                if let Some(ip) = v6 {
+                    info!(
+                        "public address {ip} from annotation {}",
+                        self.names.node_public_ipv6
+                    );
+                    wanted.public_ipv6 = Some(ip);
+                }
+            }
+            Ok(Err(KubeError::NotFound(_))) => {}
+            Ok(Err(e)) => warn!(
+                "reading node {:?}'s public address annotations: {e}",
+                self.node_name
+            ),
+            Err(_) => warn!(
+                "reading node {:?}'s public address annotations: no answer within 5 s",
+                self.node_name
+            ),
         }
     }
 
@@ -1298,6 +1378,21 @@ impl Registry for KubeRegistry {
 
     async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
         self.follow(tx).await
+    }
+
+    /// This node's podCIDR, its annotations written: the cluster assigned the subnet.
+    async fn acquire(
+        &self,
+        req: &LeaseRequest<'_>,
+    ) -> std::result::Result<(SubnetKey, SystemTime), String> {
+        let key = self.take_lease(req.config, req.attrs).await?;
+        Ok((key, SystemTime::now() + req.ttl))
+    }
+
+    /// This node's own annotations, found by its name (its public address may be a user's
+    /// overwrite).
+    async fn earlier_lease(&self, _: &NetConfig, _: &crate::alloc::Node) -> Option<LeaseAttrs> {
+        self.earlier_attrs().await
     }
 }
 

@@ -125,17 +125,42 @@ pub trait Registry: Send + Sync + 'static {
         tx: mpsc::Sender<Change>,
     ) -> impl Future<Output = WatchEnd> + Send;
 
-    /// Takes a lease for this node, retrying until one is held; returns its key and expiry.
-    /// By default the node chooses: its own earlier lease, else a free subnet, created only if
+    /// Takes a lease for this node, retrying until one is held; returns its key and expiry,
+    /// or why no lease can serve this network config (which retrying does not change). By
+    /// default the node chooses: its own earlier lease, else a free subnet, created only if
     /// its key is still free.
     fn acquire(
         &self,
         req: &LeaseRequest<'_>,
-    ) -> impl Future<Output = (SubnetKey, SystemTime)> + Send
+    ) -> impl Future<Output = std::result::Result<(SubnetKey, SystemTime), String>> + Send
     where
         Self: Sized,
     {
-        choose_and_create(self, req)
+        async move { Ok(choose_and_create(self, req).await) }
+    }
+
+    /// What this node's earlier lease said of it (its devices' MACs are kept), if the
+    /// registry answers at once. By default the lease that carries the node's public address.
+    fn earlier_lease(
+        &self,
+        cfg: &NetConfig,
+        node: &Node,
+    ) -> impl Future<Output = Option<LeaseAttrs>> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            let listing = tokio::time::timeout(Duration::from_secs(5), self.list())
+                .await
+                .ok()?
+                .ok()?;
+            listing
+                .entries
+                .iter()
+                .filter_map(|e| Lease::decode(&e.key, &e.value).ok())
+                .find(|l| alloc::is_mine(cfg, node, l))
+                .map(|l| l.attrs)
+        }
     }
 }
 
