@@ -24,3 +24,11 @@ pub fn get(name: &str) -> Result<String, Error> {
         .map(|v| v.trim().to_string())
         .map_err(|e| Error::failed("reading sysctl", name, e))
 }
+
+/// Whether bridged IPv4 traffic passes through iptables (`net.bridge.bridge-nf-call-iptables`);
+/// None when `br_netfilter` is not loaded, or `/proc/sys/net/bridge` is not visible here.
+pub fn bridge_nf_call_iptables() -> Option<bool> {
+    std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables")
+        .ok()
+        .map(|v| v.trim() == "1")
+}

@@ -176,6 +176,77 @@ impl Backend {
     }
 }
 
+/// A daemon's backend, chosen from its config and the tools this host has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    pub backend: Backend,
+    /// Why it is not the one the config implies, for one log line; None when it is.
+    pub note: Option<String>,
+}
+
+/// Which writing tools are on PATH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Installed {
+    /// `iptables-save` and `iptables-restore`.
+    pub iptables: bool,
+    pub nft: bool,
+}
+
+impl Installed {
+    pub fn here() -> Installed {
+        Installed {
+            iptables: super::has_tool("iptables-save") && super::has_tool("iptables-restore"),
+            nft: super::has_nft(),
+        }
+    }
+}
+
+impl Backend {
+    /// A daemon's backend: nftables when its config asks for it (`nftables`), else iptables,
+    /// or nftables when only nft is installed (said in the note). Fails saying what is missing
+    /// when the tool the rules need is not there.
+    pub fn detect(nftables: bool) -> Result<Detected, Error> {
+        Backend::detect_with(nftables, Installed::here())
+    }
+
+    /// [`Backend::detect`] with the tools given.
+    pub fn detect_with(nftables: bool, have: Installed) -> Result<Detected, Error> {
+        let path = std::env::var("PATH").unwrap_or_default();
+        let missing = |what: &str, why: &str| {
+            Error::failed(
+                "choosing the firewall backend",
+                "",
+                format!("{what} (PATH={path}); {why}"),
+            )
+            .with_kind(crate::Kind::Invalid)
+        };
+        match (nftables, have.iptables, have.nft) {
+            (true, _, true) => Ok(Detected {
+                backend: Backend::Nftables,
+                note: None,
+            }),
+            (true, _, false) => Err(missing(
+                "EnableNFTables is set in the network config but nft is not installed",
+                "install nftables, or unset EnableNFTables to use iptables",
+            )),
+            (false, true, _) => Ok(Detected {
+                backend: Backend::Iptables,
+                note: None,
+            }),
+            (false, false, true) => Ok(Detected {
+                backend: Backend::Nftables,
+                note: Some(format!(
+                    "iptables-save and iptables-restore are not installed (PATH={path}): using nftables, as EnableNFTables would"
+                )),
+            }),
+            (false, false, false) => Err(missing(
+                "neither iptables (iptables-save, iptables-restore) nor nft is installed",
+                "install iptables or nftables",
+            )),
+        }
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -463,6 +534,23 @@ mod tests {
         assert_eq!(Backend::choose_with(Some(Nftables), asked), Nftables);
         assert_eq!(Backend::choose_with(Some(Iptables), asked), Iptables);
         assert_eq!(Iptables.other(), Nftables);
+    }
+
+    #[test]
+    fn a_daemon_uses_nftables_when_asked_or_when_iptables_is_missing() {
+        let have = |iptables, nft| Installed { iptables, nft };
+        let d = Backend::detect_with(false, have(true, true)).unwrap();
+        assert_eq!((d.backend, d.note), (Backend::Iptables, None));
+        let d = Backend::detect_with(true, have(true, true)).unwrap();
+        assert_eq!((d.backend, d.note), (Backend::Nftables, None));
+        let d = Backend::detect_with(false, have(false, true)).unwrap();
+        assert_eq!(d.backend, Backend::Nftables);
+        assert!(d.note.unwrap().contains("using nftables"));
+        let e = Backend::detect_with(true, have(true, false)).unwrap_err();
+        assert!(e.to_string().contains("EnableNFTables is set"), "{e}");
+        assert!(e.to_string().contains("nft is not installed"), "{e}");
+        let e = Backend::detect_with(false, have(false, false)).unwrap_err();
+        assert!(e.to_string().contains("neither iptables"), "{e}");
     }
 
     #[test]

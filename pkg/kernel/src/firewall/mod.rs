@@ -6,7 +6,9 @@
 
 mod driver;
 
-pub use driver::{remove_everywhere, Backend, Batches, Removed, Rules, Writers};
+pub use driver::{
+    remove_everywhere, Backend, Batches, Detected, Installed, Removed, Rules, Writers,
+};
 
 use crate::error::Error;
 use std::io::Write;
