@@ -42,7 +42,9 @@ fn unforward(backend: Backend, network: &str, container_id: &str) -> Result<(), 
         network,
         container_id,
     };
-    firewall::with_rules_lock(|| backend.remove(&del))?.warn_on_stderr();
+    firewall::with_rules_lock(|| backend.remove(&del))?
+        .readable()?
+        .warn_on_stderr();
     Ok(())
 }
 

@@ -147,8 +147,8 @@ impl Backend {
 
     /// Removes what `rules` plan from what is there, each tool reading again and retrying when
     /// another writer changed the rules under it. An iptables family whose rules cannot be read
-    /// (its iptables unusable) holds none to remove: reported in [`Removed::unreadable`], an
-    /// error only when no family is readable.
+    /// (its iptables unusable) holds none to remove: reported in [`Removed::unreadable`] (see
+    /// [`Removed::readable`]).
     pub fn remove<R: Rules>(self, rules: &R) -> Result<Removed, R::Error> {
         let slots = self.slots(&rules.families());
         let outcome = Outcome::default();
@@ -160,19 +160,79 @@ impl Backend {
             })
             .collect();
         run_side_by_side(jobs)?;
-        let removed = outcome.into_removed();
-        let families = slots
+        let mut removed = outcome.into_removed();
+        removed.families = slots
             .iter()
             .filter(|s| matches!(s, Slot::Iptables(_)))
             .count();
-        if families > 0 && removed.unreadable.len() == families {
-            let mut unreadable = removed.unreadable;
-            return Err(unreadable
-                .swap_remove(0)
-                .context("no iptables family is usable to remove the rules")
-                .into());
-        }
         Ok(removed)
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Removes what `rules` plan from every backend whose tool is installed, side by side: for a
+/// DEL or GC that cannot know which backend wrote the rules. Fails when no iptables family
+/// could be read ([`Removed::readable`]).
+pub fn remove_everywhere<R: Rules>(rules: &R) -> Result<Removed, R::Error> {
+    let backends: Vec<Backend> = [Backend::Iptables, Backend::Nftables]
+        .into_iter()
+        .filter(|b| b.installed())
+        .collect();
+    let results = std::sync::Mutex::new(Vec::new());
+    let jobs = backends
+        .iter()
+        .map(|&b| {
+            let results = &results;
+            move || {
+                let r = b.remove(rules)?.readable()?;
+                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                Ok::<(), R::Error>(())
+            }
+        })
+        .collect();
+    run_side_by_side(jobs)?;
+    let mut all = Removed::default();
+    for r in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        all.changed |= r.changed;
+        all.families += r.families;
+        all.unreadable.extend(r.unreadable);
+    }
+    Ok(all)
+}
+
+/// What a removal did.
+#[derive(Debug, Default)]
+pub struct Removed {
+    /// Whether anything was written.
+    pub changed: bool,
+    /// The iptables families tried.
+    pub families: usize,
+    /// Those whose rules could not be read, taken to hold none: why.
+    pub unreadable: Vec<Error>,
+}
+
+impl Removed {
+    /// Fails when no iptables family tried could be read: nothing says the rules are gone.
+    pub fn readable(mut self) -> Result<Removed, Error> {
+        if self.families > 0 && self.unreadable.len() == self.families {
+            return Err(self
+                .unreadable
+                .swap_remove(0)
+                .context("no iptables family is usable to remove the rules"));
+        }
+        Ok(self)
+    }
+
+    /// Says on stderr, a plugin's log, which families were taken to hold nothing.
+    pub fn warn_on_stderr(self) {
+        for e in self.unreadable {
+            eprintln!("warning: taking no rules to remove there: {e}");
+        }
     }
 }
 
@@ -243,58 +303,6 @@ impl Backend {
                 "neither iptables (iptables-save, iptables-restore) nor nft is installed",
                 "install iptables or nftables",
             )),
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Removes what `rules` plan from every backend whose tool is installed, side by side: for a
-/// DEL or GC that cannot know which backend wrote the rules.
-pub fn remove_everywhere<R: Rules>(rules: &R) -> Result<Removed, R::Error> {
-    let backends: Vec<Backend> = [Backend::Iptables, Backend::Nftables]
-        .into_iter()
-        .filter(|b| b.installed())
-        .collect();
-    let results = std::sync::Mutex::new(Vec::new());
-    let jobs = backends
-        .iter()
-        .map(|&b| {
-            let results = &results;
-            move || {
-                let r = b.remove(rules)?;
-                results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
-                Ok::<(), R::Error>(())
-            }
-        })
-        .collect();
-    run_side_by_side(jobs)?;
-    let mut all = Removed::default();
-    for r in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        all.changed |= r.changed;
-        all.unreadable.extend(r.unreadable);
-    }
-    Ok(all)
-}
-
-/// What a removal did.
-#[derive(Debug, Default)]
-pub struct Removed {
-    /// Whether anything was written.
-    pub changed: bool,
-    /// The iptables families whose rules could not be read, taken to hold none: why.
-    pub unreadable: Vec<Error>,
-}
-
-impl Removed {
-    /// Says on stderr, a plugin's log, which families were taken to hold nothing.
-    pub fn warn_on_stderr(self) {
-        for e in self.unreadable {
-            eprintln!("warning: taking no rules to remove there: {e}");
         }
     }
 }
