@@ -3,18 +3,20 @@
 //! `FLANNEL-POSTRTG` (nat) and `FLANNEL-FWD` (filter), or with `EnableNFTables` the tables
 //! `flannel-ipv4` / `flannel-ipv6` with chains `postrtg` and `forward`.
 //!
-//! The rule text and the comparison with what the kernel holds are pure; [`check`],
-//! [`ensure`], [`remove_other_mode`] and [`remove_stale`] read the rules through
-//! `cni_kernel::firewall` and write what is missing in one batch per tool. The firewall plane
+//! The rule text and the comparison with what the kernel holds are pure, for both backends
+//! (`Wanted`, `Ours`, `Stale` give them to the firewall driver); [`check`], [`ensure`],
+//! [`remove_other_mode`] and [`remove_stale`] hand them to the driver of the spec's backend,
+//! which reads the rules and writes what is missing in one batch per tool. The firewall plane
 //! (`crate::planes::firewall`) calls them: at start [`remove_other_mode`], then
 //! [`remove_stale`] with [`previous`] of the subnet.env about to be replaced, then [`ensure`];
 //! then [`ensure`] every `--iptables-resync`. Nothing is removed at exit, so that a restart
 //! leaves the rules, and the traffic, as they were.
 
-use cni_kernel::firewall::{Family, Iptables, Nftables, RuleTool};
+use cni_kernel::firewall::{Backend, Family, Removed, Rules};
 use cni_kernel::{Error, Result};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::Value;
+use std::sync::Mutex;
 
 pub const POSTRTG_CHAIN: &str = "FLANNEL-POSTRTG";
 pub const FWD_CHAIN: &str = "FLANNEL-FWD";
@@ -622,41 +624,120 @@ pub fn nft_stale_rules(old: &Net, spec: &MasqSpec) -> Vec<String> {
         .collect()
 }
 
-fn iptables_saved(family: Family, table: &str) -> Result<String> {
-    Ok(Iptables(family).list(&[table])?.unwrap_or_default())
-}
+/// `nft -j list` of our table in each family.
+const NFT_V4: &[&str] = &["table", "ip", NFT_TABLE_V4];
+const NFT_V6: &[&str] = &["table", "ip6", NFT_TABLE_V6];
 
-fn nft_listing(family: Family) -> Result<Option<String>> {
-    let (ip, table) = nft_table(family);
-    Nftables.list(&["table", ip, table])
-}
-
-/// What the firewall needs for `spec`, family by family: read and planned, nothing written.
-fn plans(spec: &MasqSpec) -> Result<Vec<(Family, Plan)>> {
-    let mut out = Vec::new();
-    for net in spec.nets() {
-        let plan = if spec.nftables {
-            let listing = nft_listing(net.family)?;
-            nft_plan(net.family, listing.as_deref(), &nft_chains(&net, spec))?
-        } else {
-            let chains = iptables_chains(&net, spec);
-            if chains.is_empty() {
-                continue;
-            }
-            let nat = iptables_saved(net.family, "nat")?;
-            let filter = iptables_saved(net.family, "filter")?;
-            iptables_plan(&nat, &filter, &chains)
-        };
-        out.extend(plan.map(|p| (net.family, p)));
+fn nft_read(family: Family) -> &'static [&'static str] {
+    match family {
+        Family::V4 => NFT_V4,
+        Family::V6 => NFT_V6,
     }
-    Ok(out)
+}
+
+impl MasqSpec {
+    /// The driver that writes the rules: nftables with `EnableNFTables` (or where only nft is
+    /// installed, see `NodeSpec::derive`), iptables otherwise.
+    pub fn backend(&self) -> Backend {
+        match self.nftables {
+            true => Backend::Nftables,
+            false => Backend::Iptables,
+        }
+    }
+}
+
+/// What a planner planned and why, for the log and doctor: collected while the driver plans
+/// (on the tools' threads), read after.
+#[derive(Default)]
+struct Notes(Mutex<Vec<(String, Vec<String>)>>);
+
+impl Notes {
+    fn add(&self, what: String, reasons: Vec<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((what, reasons));
+    }
+
+    fn take(&self) -> Vec<(String, Vec<String>)> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// The rules `spec` asks for, in both backends' terms: each tool's plan, noted with its
+/// reasons.
+struct Wanted<'a> {
+    spec: &'a MasqSpec,
+    notes: Notes,
+}
+
+impl Wanted<'_> {
+    fn net(&self, family: Family) -> Option<Net> {
+        self.spec.nets().into_iter().find(|n| n.family == family)
+    }
+}
+
+impl Rules for Wanted<'_> {
+    type Error = Error;
+
+    fn families(&self) -> Vec<Family> {
+        self.spec
+            .nets()
+            .iter()
+            .filter(|n| !iptables_chains(n, self.spec).is_empty())
+            .map(|n| n.family)
+            .collect()
+    }
+
+    fn iptables_reads(&self) -> &[&'static str] {
+        &["nat", "filter"]
+    }
+
+    fn iptables(&self, family: Family, saved: &[String]) -> Result<Option<String>> {
+        let Some(net) = self.net(family) else {
+            return Ok(None);
+        };
+        let plan = iptables_plan(&saved[0], &saved[1], &iptables_chains(&net, self.spec));
+        Ok(plan.map(|p| {
+            self.notes
+                .add(format!("{family:?} iptables rules"), p.reasons);
+            p.batch
+        }))
+    }
+
+    fn nft_reads(&self) -> Vec<&'static [&'static str]> {
+        self.spec
+            .nets()
+            .iter()
+            .map(|n| nft_read(n.family))
+            .collect()
+    }
+
+    fn nft(&self, listed: &[Option<String>]) -> Result<Option<String>> {
+        let mut batch = String::new();
+        for (net, listing) in self.spec.nets().iter().zip(listed) {
+            let chains = nft_chains(net, self.spec);
+            if let Some(p) = nft_plan(net.family, listing.as_deref(), &chains)? {
+                self.notes.add("nftables rules".to_string(), p.reasons);
+                batch.push_str(&p.batch);
+            }
+        }
+        Ok((!batch.is_empty()).then_some(batch))
+    }
 }
 
 /// What is missing or wrong in the firewall for `spec`, read only (for `flanneld doctor`).
 pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
-    Ok(plans(spec)?
+    let wanted = Wanted {
+        spec,
+        notes: Notes::default(),
+    };
+    spec.backend().plan(&wanted)?;
+    Ok(wanted
+        .notes
+        .take()
         .into_iter()
-        .flat_map(|(_, plan)| plan.reasons)
+        .flat_map(|(_, reasons)| reasons)
         .collect())
 }
 
@@ -664,72 +745,165 @@ pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
 /// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
 /// nothing when all is right. Returns whether it wrote anything.
 pub fn ensure(spec: &MasqSpec) -> Result<bool> {
-    let plans = plans(spec)?;
-    if plans.is_empty() {
-        return Ok(false);
+    let wanted = Wanted {
+        spec,
+        notes: Notes::default(),
+    };
+    let written = spec.backend().write(&wanted);
+    for (what, reasons) in wanted.notes.take() {
+        tracing::info!("restoring {what}: {}", reasons.join("; "));
     }
-    if spec.nftables {
-        let mut batch = String::new();
-        for (_, plan) in &plans {
-            tracing::info!("restoring nftables rules: {}", plan.reasons.join("; "));
-            batch.push_str(&plan.batch);
+    written.map_err(|e| e.context("writing the masquerade rules"))
+}
+
+/// Every rule of ours, whichever the spec: what a switch to the other mode removes.
+struct Ours {
+    notes: Notes,
+}
+
+impl Rules for Ours {
+    type Error = Error;
+
+    fn families(&self) -> Vec<Family> {
+        vec![Family::V4, Family::V6]
+    }
+
+    fn iptables_reads(&self) -> &[&'static str] {
+        &["nat", "filter"]
+    }
+
+    fn iptables(&self, family: Family, saved: &[String]) -> Result<Option<String>> {
+        let batch: String = [("nat", &saved[0]), ("filter", &saved[1])]
+            .into_iter()
+            .filter_map(|(t, saved)| iptables_removal(t, saved))
+            .collect();
+        if batch.is_empty() {
+            return Ok(None);
         }
-        Nftables
-            .apply(&batch)
-            .map_err(|e| e.context("writing the masquerade rules"))?;
-        return Ok(true);
-    }
-    for (family, plan) in &plans {
-        tracing::info!(
-            "restoring {family:?} iptables rules: {}",
-            plan.reasons.join("; ")
+        self.notes.add(
+            format!("nftables mode: removing flannel's {family:?} iptables chains"),
+            Vec::new(),
         );
-        Iptables(*family)
-            .apply(&plan.batch)
-            .map_err(|e| e.context("writing the masquerade rules"))?;
+        Ok(Some(batch))
     }
-    Ok(true)
+
+    fn nft_reads(&self) -> Vec<&'static [&'static str]> {
+        vec![NFT_V4, NFT_V6]
+    }
+
+    fn nft(&self, listed: &[Option<String>]) -> Result<Option<String>> {
+        let script: String = [Family::V4, Family::V6]
+            .into_iter()
+            .zip(listed)
+            .filter(|(_, l)| l.is_some())
+            .map(|(f, _)| {
+                let (ip, table) = nft_table(f);
+                format!("delete table {ip} {table}\n")
+            })
+            .collect();
+        if script.is_empty() {
+            return Ok(None);
+        }
+        self.notes.add(
+            "iptables mode: removing flannel's nftables tables".to_string(),
+            Vec::new(),
+        );
+        Ok(Some(script))
+    }
+}
+
+/// Logs what a removal's planners noted (when it wrote) and the families it could not read.
+fn log_removal(removed: &Result<Removed>, notes: &Notes) {
+    let notes = notes.take();
+    if let Ok(r) = removed {
+        for e in &r.unreadable {
+            tracing::warn!("taking no iptables rules to remove there: {e}");
+        }
+        if r.changed {
+            for (what, _) in notes {
+                tracing::info!("{what}");
+            }
+        }
+    }
 }
 
 /// Removes the rules of the mode `spec` does not use (iptables chains in nftables mode, our
 /// nftables tables in iptables mode), so that a switch leaves one policy in force. A family
-/// whose iptables cannot be read holds none of ours: skipped with a warning.
+/// whose iptables cannot be read holds none of ours: skipped with a warning; a mode whose
+/// tool is not installed holds none at all.
 pub fn remove_other_mode(spec: &MasqSpec) -> Result<bool> {
-    if !spec.nftables {
-        if !cni_kernel::firewall::has_nft() {
-            return Ok(false);
+    let other = spec.backend().other();
+    if !other.installed() {
+        return Ok(false);
+    }
+    let ours = Ours {
+        notes: Notes::default(),
+    };
+    let removed = other.remove(&ours);
+    log_removal(&removed, &ours.notes);
+    Ok(removed?.changed)
+}
+
+/// The rules written for previous networks and subnets (from the old subnet.env) that the spec
+/// no longer wants.
+struct Stale<'a> {
+    old: Vec<Net>,
+    spec: &'a MasqSpec,
+    notes: Notes,
+}
+
+impl Rules for Stale<'_> {
+    type Error = Error;
+
+    fn families(&self) -> Vec<Family> {
+        self.old.iter().map(|n| n.family).collect()
+    }
+
+    fn iptables_reads(&self) -> &[&'static str] {
+        &["nat", "filter"]
+    }
+
+    fn iptables(&self, family: Family, saved: &[String]) -> Result<Option<String>> {
+        let Some(old) = self.old.iter().find(|n| n.family == family) else {
+            return Ok(None);
+        };
+        let stale = iptables_stale_lines(old, self.spec);
+        let batch: String = [("nat", &saved[0]), ("filter", &saved[1])]
+            .into_iter()
+            .filter_map(|(t, saved)| iptables_stale_removal(t, saved, &stale))
+            .collect();
+        if batch.is_empty() {
+            return Ok(None);
         }
+        let what = format!(
+            "removing {:?} iptables rules of the previous subnet {} in {}",
+            old.family, old.subnet, old.network
+        );
+        self.notes.add(what, Vec::new());
+        Ok(Some(batch))
+    }
+
+    fn nft_reads(&self) -> Vec<&'static [&'static str]> {
+        self.old.iter().map(|n| nft_read(n.family)).collect()
+    }
+
+    fn nft(&self, listed: &[Option<String>]) -> Result<Option<String>> {
         let mut script = String::new();
-        for family in [Family::V4, Family::V6] {
-            if nft_listing(family)?.is_some() {
-                let (ip, table) = nft_table(family);
-                script.push_str(&format!("delete table {ip} {table}\n"));
+        for (old, listing) in self.old.iter().zip(listed) {
+            if let Some(listing) = listing {
+                let stale = nft_stale_rules(old, self.spec);
+                script.extend(nft_stale_removal(old.family, listing, &stale)?);
             }
         }
         if script.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
-        tracing::info!("iptables mode: removing flannel's nftables tables");
-        Nftables.apply(&script)?;
-        return Ok(true);
+        self.notes.add(
+            "removing nftables rules of a previous subnet".to_string(),
+            Vec::new(),
+        );
+        Ok(Some(script))
     }
-    let mut changed = false;
-    for family in [Family::V4, Family::V6] {
-        let saved = ["nat", "filter"].map(|t| iptables_saved(family, t).map(|s| (t, s)));
-        let mut batch = String::new();
-        for s in saved {
-            match s {
-                Ok((t, saved)) => batch.extend(iptables_removal(t, &saved)),
-                Err(e) => tracing::warn!("taking no {family:?} iptables rules to remove: {e}"),
-            }
-        }
-        if !batch.is_empty() {
-            tracing::info!("nftables mode: removing flannel's {family:?} iptables chains");
-            Iptables(family).apply(&batch)?;
-            changed = true;
-        }
-    }
-    Ok(changed)
 }
 
 /// Removes the rules written for a previous network and subnet (from the old subnet.env) that
@@ -739,44 +913,14 @@ pub fn remove_stale(
     old_ipv6: Option<(Ipv6Network, Ipv6Network)>,
     spec: &MasqSpec,
 ) -> Result<bool> {
-    let mut changed = false;
-    if spec.nftables {
-        let mut script = String::new();
-        for old in nets(old_ipv4, old_ipv6) {
-            if let Some(listing) = nft_listing(old.family)? {
-                script.extend(nft_stale_removal(
-                    old.family,
-                    &listing,
-                    &nft_stale_rules(&old, spec),
-                )?);
-            }
-        }
-        if !script.is_empty() {
-            tracing::info!("removing nftables rules of a previous subnet");
-            Nftables.apply(&script)?;
-            changed = true;
-        }
-        return Ok(changed);
-    }
-    for old in nets(old_ipv4, old_ipv6) {
-        let stale = iptables_stale_lines(&old, spec);
-        let mut batch = String::new();
-        for table in ["nat", "filter"] {
-            let saved = iptables_saved(old.family, table)?;
-            batch.extend(iptables_stale_removal(table, &saved, &stale));
-        }
-        if !batch.is_empty() {
-            tracing::info!(
-                "removing {:?} iptables rules of the previous subnet {} in {}",
-                old.family,
-                old.subnet,
-                old.network
-            );
-            Iptables(old.family).apply(&batch)?;
-            changed = true;
-        }
-    }
-    Ok(changed)
+    let stale = Stale {
+        old: nets(old_ipv4, old_ipv6),
+        spec,
+        notes: Notes::default(),
+    };
+    let removed = spec.backend().remove(&stale);
+    log_removal(&removed, &stale.notes);
+    Ok(removed?.changed)
 }
 
 #[cfg(test)]
