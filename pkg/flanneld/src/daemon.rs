@@ -16,8 +16,9 @@ use crate::planes::netlink::{self as netlink_plane, NetlinkPlane};
 use crate::reconcile::{Plane, Reconciler};
 use crate::registry::{list_until_ok, Change, LeaseRequest, Registry, WatchEnd};
 use crate::settings::Settings;
-use crate::spec::{external, NodeSpec};
+use crate::spec::{external, Firewall, NodeSpec};
 use crate::view::{LeaseView, Outcome};
+use cni_kernel::firewall::Installed;
 use cni_kernel::netlink::Conn;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -263,6 +264,13 @@ async fn deliver(
 }
 
 /// Runs until stopped or the lease is lost.
+/// What a host without `br_netfilter` means, for the warning at start (Go's flanneld stops
+/// there: flannel-io/flannel#2068).
+const BR_NETFILTER_ABSENT: &str = "/proc/sys/net/bridge is absent (br_netfilter is not loaded): \
+flanneld does not need it, and pods still reach each other and the outside; but traffic \
+between pods on one node's bridge then bypasses iptables, so kube-proxy's Services and \
+network policies may not see it (modprobe br_netfilter where they are used)";
+
 pub async fn run<R: Registry>(
     reg: Arc<R>,
     settings: &Settings,
@@ -303,6 +311,15 @@ async fn serve<R: Registry>(
             .collect::<Vec<_>>()
             .join(" ")
     );
+    let fw = Firewall::choose(settings, &cfg, Installed::here())?;
+    match (&fw.backend, &fw.note) {
+        (Some(_), Some(note)) => info!("{note}"),
+        (None, Some(note)) => warn!("{note}"),
+        _ => {}
+    }
+    if cni_kernel::sysctl::bridge_nf_call_iptables().is_none() {
+        warn!("{BR_NETFILTER_ABSENT}");
+    }
     let backend = backend::select(&cfg)?;
     let families = cfg.families();
     backend
@@ -344,7 +361,7 @@ async fn serve<R: Registry>(
         key,
         attrs: attrs.clone(),
     };
-    let spec = NodeSpec::derive(settings, &cfg, &ext, &own)?;
+    let spec = NodeSpec::derive(settings, &cfg, &ext, &own, &fw)?;
 
     let mut planes: Vec<Box<dyn Plane>> = Vec::new();
     if backend.programs() {

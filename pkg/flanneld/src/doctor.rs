@@ -15,7 +15,8 @@ use crate::reconcile::{Leases, Others, Plane};
 use crate::registry::Registry;
 use crate::report::{Finding, Report};
 use crate::settings::Settings;
-use crate::spec::{external, NodeSpec};
+use crate::spec::{external, Firewall, NodeSpec};
+use cni_kernel::firewall::Installed;
 use cni_kernel::netlink::Conn;
 use serde::Serialize;
 use std::path::Path;
@@ -136,7 +137,23 @@ async fn derive<R: Registry>(
         return None;
     };
     f.push(Finding::new("lease", "ok", format!("{own}")));
-    let spec = match NodeSpec::derive(settings, &cfg, &ext, &own) {
+    let fw = match Firewall::choose(settings, &cfg, Installed::here()) {
+        Ok(fw) => {
+            if let Some(note) = &fw.note {
+                let state = if fw.backend.is_some() { "ok" } else { "wrong" };
+                f.push(Finding::new("firewall", state, note.clone()));
+            }
+            fw
+        }
+        Err(e) => {
+            f.push(Finding::new("firewall", "wrong", e.to_string()));
+            Firewall {
+                backend: None,
+                note: None,
+            }
+        }
+    };
+    let spec = match NodeSpec::derive(settings, &cfg, &ext, &own, &fw) {
         Ok(s) => s,
         Err(e) => {
             f.push(Finding::new("config", "wrong", e.to_string()));

@@ -20,6 +20,8 @@ pub enum StartError {
     Kernel(cni_kernel::Error),
     /// The registry's lease cannot serve this network config (a podCIDR outside `Network`).
     Lease(String),
+    /// `--ip-masq` asks for rules no installed tool can write.
+    Firewall(cni_kernel::Error),
 }
 
 impl fmt::Display for StartError {
@@ -30,6 +32,7 @@ impl fmt::Display for StartError {
             StartError::Backend(why) => f.write_str(why),
             StartError::Kernel(e) => e.fmt(f),
             StartError::Lease(why) => f.write_str(why),
+            StartError::Firewall(e) => write!(f, "--ip-masq: {e}"),
         }
     }
 }

@@ -7,11 +7,13 @@ use crate::backend::api::{Backend, Here, Peer};
 use crate::backend::select;
 use crate::config::{ConfigError, NetConfig};
 use crate::entries::{RouteStyle, Want};
+use crate::error::StartError;
 use crate::family::IpFamily;
 use crate::iface::{self, External, IfaceError, Interfaces, Wanted};
 use crate::lease::{Lease, SubnetKey};
 use crate::masq::MasqSpec;
 use crate::settings::Settings;
+use cni_kernel::firewall::{self, Installed};
 use cni_kernel::netlink::{Route, VxlanSpec, MAIN_TABLE};
 use ipnetwork::IpNetwork;
 use std::sync::Arc;
@@ -25,6 +27,50 @@ pub struct NodeSpec {
     /// `--iptables-forward-rules` asks for any.
     pub masq: Option<MasqSpec>,
     pub subnet_env: SubnetEnv,
+}
+
+/// How this node's firewall rules are written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Firewall {
+    /// The rule backend; None when there are no rules to write (none asked for, or forward
+    /// rules alone that no installed tool can write).
+    pub backend: Option<firewall::Backend>,
+    /// What an operator should know about that choice, for one log line and `doctor`:
+    /// nftables because iptables is not installed, or forward rules left out.
+    pub note: Option<String>,
+}
+
+impl Firewall {
+    /// The backend for `settings` and `cfg` on a host with the tools `have`: `EnableNFTables`
+    /// or, without iptables, nftables; else iptables. `--ip-masq` with no tool to write its
+    /// rules fails the start saying what is missing; the forward rules alone are left out with
+    /// a warning (the FORWARD policy then decides).
+    pub fn choose(
+        settings: &Settings,
+        cfg: &NetConfig,
+        have: Installed,
+    ) -> Result<Firewall, StartError> {
+        let o = settings.masq;
+        if !(o.masq || o.forward_rules) {
+            return Ok(Firewall {
+                backend: None,
+                note: None,
+            });
+        }
+        match firewall::Backend::detect_with(cfg.enable_nftables, have) {
+            Ok(d) => Ok(Firewall {
+                backend: Some(d.backend),
+                note: d.note,
+            }),
+            Err(e) if o.masq => Err(StartError::Firewall(e)),
+            Err(e) => Ok(Firewall {
+                backend: None,
+                note: Some(format!(
+                    "{e}: the FORWARD accept rules of --iptables-forward-rules are not written"
+                )),
+            }),
+        }
+    }
 }
 
 /// The datapath of this node: what the backend programs, for which families.
@@ -109,13 +155,14 @@ pub fn external(
 }
 
 impl NodeSpec {
-    /// This node as `settings`, the network config `cfg`, the external interface `ext` and
-    /// its lease `own` make it.
+    /// This node as `settings`, the network config `cfg`, the external interface `ext`, its
+    /// lease `own` and the firewall backend chosen (`Firewall::choose`) make it.
     pub fn derive(
         settings: &Settings,
         cfg: &NetConfig,
         ext: &External,
         own: &Lease,
+        fw: &Firewall,
     ) -> Result<NodeSpec, ConfigError> {
         let backend = select(cfg)?;
         let enabled = cfg.families();
@@ -139,10 +186,10 @@ impl NodeSpec {
             })
             .collect();
         let o = settings.masq;
-        let masq = (o.masq || o.forward_rules).then(|| MasqSpec {
+        let masq = fw.backend.map(|b| MasqSpec {
             ipv4: cfg.ipv4.zip(own.key.ipv4).map(|(f, s)| (f.network, s)),
             ipv6: cfg.ipv6.zip(own.key.ipv6).map(|(f, s)| (f.network, s)),
-            nftables: cfg.enable_nftables,
+            nftables: b == firewall::Backend::Nftables,
             masq: o.masq,
             random_fully: o.random_fully,
             forward_rules: o.forward_rules,
@@ -264,6 +311,52 @@ mod tests {
     use serde_json::value::RawValue;
     use std::net::IpAddr;
 
+    /// The firewall on a host with both tools.
+    fn fw(s: &Settings, cfg: &NetConfig) -> Firewall {
+        let both = Installed {
+            iptables: true,
+            nft: true,
+        };
+        Firewall::choose(s, cfg, both).unwrap()
+    }
+
+    #[test]
+    fn the_firewall_is_nftables_when_asked_or_when_iptables_is_missing() {
+        let have = |iptables, nft| Installed { iptables, nft };
+        let plain = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let nft = config::parse(r#"{"Network":"10.5.0.0/16","EnableNFTables":true}"#).unwrap();
+        let masq = settings(&["--ip-masq"]);
+        let choose = |s: &Settings, cfg: &NetConfig, h| Firewall::choose(s, cfg, h);
+        let f = choose(&masq, &plain, have(true, true)).unwrap();
+        assert_eq!(
+            (f.backend, f.note),
+            (Some(firewall::Backend::Iptables), None)
+        );
+        let f = choose(&masq, &nft, have(true, true)).unwrap();
+        assert_eq!(f.backend, Some(firewall::Backend::Nftables));
+        // No iptables: nftables, and one line says why.
+        let f = choose(&masq, &plain, have(false, true)).unwrap();
+        assert_eq!(f.backend, Some(firewall::Backend::Nftables));
+        assert!(f.note.unwrap().contains("using nftables"));
+        // --ip-masq that nothing can write fails the start (status 2), saying what is missing.
+        let e = choose(&masq, &plain, have(false, false)).unwrap_err();
+        assert!(e.to_string().starts_with("--ip-masq: "), "{e}");
+        assert!(e.to_string().contains("neither iptables"), "{e}");
+        let e = choose(&masq, &nft, have(true, false)).unwrap_err();
+        assert!(e.to_string().contains("EnableNFTables is set"), "{e}");
+        // Forward rules alone: left out, with a warning.
+        let fwd = settings(&[]);
+        let f = choose(&fwd, &plain, have(false, false)).unwrap();
+        assert_eq!(f.backend, None);
+        assert!(f.note.unwrap().contains("not written"));
+        // No rules asked: no tool needed.
+        let none = settings(&["--iptables-forward-rules=false"]);
+        assert_eq!(
+            choose(&none, &plain, have(false, false)).unwrap().backend,
+            None
+        );
+    }
+
     fn settings(args: &[&str]) -> Settings {
         let argv = std::iter::once("flanneld").chain(args.iter().copied());
         Settings::from_flags(&Flags::try_parse_from(argv).unwrap())
@@ -310,7 +403,8 @@ mod tests {
     }
 
     fn spec(cfg: &NetConfig) -> DatapathSpec {
-        NodeSpec::derive(&settings(&[]), cfg, &ext(), &own())
+        let s = settings(&[]);
+        NodeSpec::derive(&s, cfg, &ext(), &own(), &fw(&s, cfg))
             .unwrap()
             .datapath
     }
@@ -337,7 +431,7 @@ mod tests {
             Some("c6:d2:32:6f:8f:44"),
         );
         own.key.ipv6 = None;
-        let node = NodeSpec::derive(&s, &cfg, &ext(), &own).unwrap();
+        let node = NodeSpec::derive(&s, &cfg, &ext(), &own, &fw(&s, &cfg)).unwrap();
         assert_eq!(
             node.masq,
             Some(MasqSpec {
@@ -369,7 +463,9 @@ mod tests {
         // Neither masquerade nor forward rules: no firewall rules at all.
         let none = settings(&["--iptables-forward-rules=false"]);
         assert_eq!(
-            NodeSpec::derive(&none, &cfg, &ext(), &own).unwrap().masq,
+            NodeSpec::derive(&none, &cfg, &ext(), &own, &fw(&none, &cfg))
+                .unwrap()
+                .masq,
             None
         );
     }
@@ -400,9 +496,13 @@ mod tests {
             "FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_IPV6_SUBNET=fc00:0:0:7::1/64\nFLANNEL_MTU=1500\nFLANNEL_IPMASQ=false\n"
         );
         // The node's own derivation writes the same.
+        let (s, cfg) = (
+            settings(&["--ip-masq"]),
+            config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
+        );
         let node = NodeSpec::derive(
-            &settings(&["--ip-masq"]),
-            &config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
+            &s,
+            &cfg,
             &ext(),
             &lease(
                 "10.5.52.0-24",
@@ -410,6 +510,7 @@ mod tests {
                 "vxlan",
                 Some("c6:d2:32:6f:8f:44"),
             ),
+            &fw(&s, &cfg),
         )
         .unwrap();
         assert_eq!(
@@ -474,9 +575,15 @@ mod tests {
             config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#).unwrap();
         let mut own = own();
         own.attrs.backend_type = "host-gw".into();
-        let s = NodeSpec::derive(&settings(&[]), &cfg, &ext(), &own)
-            .unwrap()
-            .datapath;
+        let s = NodeSpec::derive(
+            &settings(&[]),
+            &cfg,
+            &ext(),
+            &own,
+            &fw(&settings(&[]), &cfg),
+        )
+        .unwrap()
+        .datapath;
         assert!(s.families[0].device.is_none());
         let d = s.desired(
             &DeviceIndex::default(),
@@ -491,9 +598,15 @@ mod tests {
             )]
         );
         let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"alloc"}}"#).unwrap();
-        let s = NodeSpec::derive(&settings(&[]), &cfg, &ext(), &own)
-            .unwrap()
-            .datapath;
+        let s = NodeSpec::derive(
+            &settings(&[]),
+            &cfg,
+            &ext(),
+            &own,
+            &fw(&settings(&[]), &cfg),
+        )
+        .unwrap()
+        .datapath;
         let d = s.desired(
             &DeviceIndex::default(),
             &[lease("10.5.2.0-24", "192.168.0.2", "alloc", None)],

@@ -18,7 +18,7 @@ use flanneld::iface::External;
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::registry::kube::{self, NodeObject};
 use flanneld::settings::Settings;
-use flanneld::spec::{DatapathSpec, Desired, DeviceIndex, NodeSpec};
+use flanneld::spec::{DatapathSpec, Desired, DeviceIndex, Firewall, NodeSpec};
 use serde_json::value::RawValue;
 use std::net::IpAddr;
 
@@ -92,8 +92,13 @@ fn local_for(text: &str, own: &str) -> (DatapathSpec, DeviceIndex) {
             backend_v6_data: None,
         },
     };
-    let spec =
-        NodeSpec::derive(&settings, &cfg, &ext, &own).unwrap_or_else(|e| panic!("{text}: {e}"));
+    // The datapath only: no firewall rules.
+    let no_rules = Firewall {
+        backend: None,
+        note: None,
+    };
+    let spec = NodeSpec::derive(&settings, &cfg, &ext, &own, &no_rules)
+        .unwrap_or_else(|e| panic!("{text}: {e}"));
     let devs = DeviceIndex(
         [
             (IpFamily::V4, cfg.ipv4.map(|_| DEV4)),

@@ -383,3 +383,161 @@ fn with_ipv6_disabled_no_ipv6_rule_is_tried_and_nothing_is_logged_at_resyncs() {
         c.describe_pairs(&unreachable)
     );
 }
+
+/// Programs whose names start with these are the iptables tools.
+const IPTABLES_TOOLS: &[&str] = &["iptables", "ip6tables", "xtables"];
+
+#[test]
+fn without_iptables_the_daemon_uses_nftables_says_so_and_pods_reach_each_other() {
+    let mut c = Cluster::new(
+        "ffi",
+        115,
+        2,
+        Registry::Embedded,
+        r#"{"Network":"10.115.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    );
+    let tools = ToolPath::new(IPTABLES_TOOLS, testkit::toolpath::RULE_TOOLS);
+    for n in 1..=2 {
+        c.set_flanneld_env(n, "PATH", &tools.path());
+        c.start_flanneld(n, Path::new(FLANNELD), &["--ip-masq"]);
+    }
+    for n in 1..=2 {
+        c.node(n).wait_subnet_env(T);
+    }
+    let node = c.node(1);
+    let log = node.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("using nftables"))
+        .collect();
+    assert_eq!(said.len(), 1, "one log line says so:\n{log}");
+    assert!(said[0].contains("iptables"), "{}", said[0]);
+    let table = node.ns.run("nft", &["list", "table", "ip", "flannel-ipv4"]);
+    assert!(
+        table.contains("chain postrtg") && table.contains("masquerade"),
+        "{table}"
+    );
+    let nat = node.ns.run("iptables", &["-S", "-t", "nat"]);
+    assert!(!nat.contains("FLANNEL"), "no iptables rule written:\n{nat}");
+    assert!(
+        tools.calls().iter().all(|c| c.starts_with("nft ")),
+        "only nft ran: {:#?}",
+        tools.calls()
+    );
+    // doctor says it too.
+    let mut args = c.flanneld_args(1);
+    args.insert(0, "doctor".to_string());
+    args.push("--ip-masq".to_string());
+    let out = node
+        .ns
+        .command(FLANNELD)
+        .args(&args)
+        .env("PATH", tools.path())
+        .output()
+        .expect("running flanneld doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("using nftables"), "doctor:\n{text}");
+    c.add_pod(1);
+    c.add_pod(2);
+    let unreachable = c.unreachable_pairs(2);
+    assert!(unreachable.is_empty(), "{}", c.describe_pairs(&unreachable));
+    c.serve_outside(9115);
+    let seen = wait_for("pod on node 1 to reach the outside", T, || {
+        c.seen_from_outside(0, Family::V4, 9115)
+    });
+    assert_eq!(seen.to_string(), c.node(1).ip, "masqueraded as its node");
+}
+
+/// Starts node 1's flanneld with `PATH` hiding `hidden`, and returns its exit code and log
+/// once it has ended.
+fn failed_start(prefix: &str, net: u8, config: &str, hidden: &[&str]) -> (Option<i32>, String) {
+    let mut c = Cluster::new(prefix, net, 1, Registry::Embedded, config);
+    let tools = ToolPath::new(hidden, &[]);
+    c.set_flanneld_env(1, "PATH", &tools.path());
+    c.start_flanneld(1, Path::new(FLANNELD), &["--ip-masq"]);
+    let status = c.wait_flanneld_exit(1, T);
+    (status.code(), c.node(1).log())
+}
+
+#[test]
+fn without_any_rule_tool_ip_masq_fails_the_start_saying_what_is_missing() {
+    let mut hidden = IPTABLES_TOOLS.to_vec();
+    hidden.push("nft");
+    let (code, log) = failed_start(
+        "ffm",
+        116,
+        r#"{"Network":"10.116.0.0/16","Backend":{"Type":"vxlan"}}"#,
+        &hidden,
+    );
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("neither iptables") && log.contains("nor nft is installed"),
+        "{log}"
+    );
+}
+
+#[test]
+fn enable_nftables_without_nft_fails_the_start_saying_so() {
+    let (code, log) = failed_start(
+        "ffe",
+        117,
+        r#"{"Network":"10.117.0.0/16","Backend":{"Type":"vxlan"},"EnableNFTables":true}"#,
+        &["nft"],
+    );
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("EnableNFTables is set") && log.contains("nft is not installed"),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_br_netfilter_the_daemon_warns_what_it_means_and_everything_works() {
+    let mut c = Cluster::new(
+        "ffb",
+        118,
+        2,
+        Registry::Embedded,
+        r#"{"Network":"10.118.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    );
+    // Node 1's daemon sees an empty /proc/sys/net/bridge, as where br_netfilter is not loaded.
+    c.set_flanneld_wrapper(
+        1,
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "if [ -d /proc/sys/net/bridge ]; then mount -t tmpfs none /proc/sys/net/bridge || exit 99; fi; exec \"$0\" \"$@\"",
+        ],
+    );
+    for n in 1..=2 {
+        c.start_flanneld(n, Path::new(FLANNELD), &["--ip-masq"]);
+    }
+    for n in 1..=2 {
+        c.node(n).wait_subnet_env(T);
+    }
+    let log = c.node(1).log();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("br_netfilter"))
+        .collect();
+    assert_eq!(warned.len(), 1, "one warning:\n{log}");
+    assert!(warned[0].contains("/proc/sys/net/bridge"), "{}", warned[0]);
+    assert!(c.flanneld_running(1), "flanneld goes on:\n{log}");
+    assert!(
+        rules(c.node(1)).contains("FLANNEL-POSTRTG"),
+        "the masquerade is in place"
+    );
+    c.add_pod(1);
+    c.add_pod(2);
+    let unreachable = c.unreachable_pairs(2);
+    assert!(unreachable.is_empty(), "{}", c.describe_pairs(&unreachable));
+    c.serve_outside(9118);
+    let seen = wait_for("pod on node 1 to reach the outside", T, || {
+        c.seen_from_outside(0, Family::V4, 9118)
+    });
+    assert_eq!(seen.to_string(), c.node(1).ip, "masqueraded as its node");
+}

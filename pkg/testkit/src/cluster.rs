@@ -1050,20 +1050,29 @@ impl Cluster {
     /// Stops node `index`'s flanneld as systemd does, with SIGTERM, and waits up to `timeout`
     /// for it to exit; its exit status.
     pub fn terminate_flanneld(&mut self, index: u8, timeout: Duration) -> ExitStatus {
+        let daemon = self
+            .node_mut(index)
+            .daemon
+            .as_mut()
+            .and_then(|d| d.child.as_mut())
+            .unwrap_or_else(|| panic!("no flanneld running on node {index}"));
+        let pid = nix::unistd::Pid::from_raw(daemon.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+            .unwrap_or_else(|e| panic!("SIGTERM to node {index}'s flanneld: {e}"));
+        self.wait_flanneld_exit(index, timeout)
+    }
+
+    /// Waits up to `timeout` for node `index`'s flanneld to exit by itself; its exit status.
+    pub fn wait_flanneld_exit(&mut self, index: u8, timeout: Duration) -> ExitStatus {
         let mut daemon = self
             .node_mut(index)
             .daemon
             .take()
-            .unwrap_or_else(|| panic!("no flanneld running on node {index}"));
+            .unwrap_or_else(|| panic!("no flanneld started on node {index}"));
         let child = daemon.child.as_mut().expect("a started daemon");
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
-            .unwrap_or_else(|e| panic!("SIGTERM to node {index}'s flanneld: {e}"));
-        wait_for(
-            &format!("node {index}'s flanneld to exit after SIGTERM"),
-            timeout,
-            || child.try_wait().ok().flatten(),
-        )
+        wait_for(&format!("node {index}'s flanneld to exit"), timeout, || {
+            child.try_wait().ok().flatten()
+        })
     }
 
     /// The process id of node `index`'s flanneld, while it runs.
