@@ -38,6 +38,10 @@ pub struct Mappings<'a> {
 }
 
 impl Mappings<'_> {
+    fn families(&self) -> Vec<Family> {
+        self.addrs.iter().map(|a| Family::of(&a)).collect()
+    }
+
     fn nft_tables(&self) -> Vec<&'static [&'static str]> {
         self.addrs.iter().map(nft_table).collect()
     }
@@ -50,7 +54,7 @@ impl Rules for Forward<'_> {
     type Error = CniError;
 
     fn families(&self) -> Vec<Family> {
-        self.0.addrs.iter().map(|a| Family::of(&a)).collect()
+        self.0.families()
     }
 
     fn iptables_reads(&self) -> &[&'static str] {
@@ -88,7 +92,7 @@ impl Rules for Check<'_> {
     type Error = CniError;
 
     fn families(&self) -> Vec<Family> {
-        self.0.addrs.iter().map(|a| Family::of(&a)).collect()
+        self.0.families()
     }
 
     fn iptables_reads(&self) -> &[&'static str] {

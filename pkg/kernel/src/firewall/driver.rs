@@ -126,23 +126,14 @@ impl Backend {
     /// Reads, plans and applies each tool's batch, the tools side by side. Whether anything
     /// was written.
     pub fn write<R: Rules>(self, rules: &R) -> Result<bool, R::Error> {
-        let slots = self.slots(&rules.families());
-        let outcome = Outcome::default();
-        let jobs = slots
-            .iter()
-            .map(|&slot| {
-                let outcome = &outcome;
-                move || -> Result<(), R::Error> {
-                    if let Some(batch) = slot.plan(rules).map_err(Failure::into_error)? {
-                        slot.tool().apply(&batch)?;
-                        outcome.wrote();
-                    }
-                    Ok(())
-                }
-            })
-            .collect();
-        run_side_by_side(jobs)?;
-        Ok(outcome.into_removed().changed)
+        let done = self.each_tool(rules, |slot, outcome| {
+            if let Some(batch) = slot.plan(rules).map_err(Failure::into_error)? {
+                slot.tool().apply(&batch)?;
+                outcome.wrote();
+            }
+            Ok(())
+        })?;
+        Ok(done.changed)
     }
 
     /// Removes what `rules` plan from what is there, each tool reading again and retrying when
@@ -150,22 +141,29 @@ impl Backend {
     /// (its iptables unusable) holds none to remove: reported in [`Removed::unreadable`] (see
     /// [`Removed::readable`]).
     pub fn remove<R: Rules>(self, rules: &R) -> Result<Removed, R::Error> {
+        self.each_tool(rules, |slot, outcome| slot.remove(rules, outcome))
+    }
+
+    /// Runs `job` for each tool of `rules`, side by side; what they did.
+    fn each_tool<R: Rules>(
+        self,
+        rules: &R,
+        job: impl Fn(Slot, &Outcome) -> Result<(), R::Error> + Sync,
+    ) -> Result<Removed, R::Error> {
         let slots = self.slots(&rules.families());
         let outcome = Outcome::default();
+        let (job, outcome_ref) = (&job, &outcome);
         let jobs = slots
             .iter()
-            .map(|&slot| {
-                let outcome = &outcome;
-                move || slot.remove(rules, outcome)
-            })
+            .map(|&slot| move || job(slot, outcome_ref))
             .collect();
         run_side_by_side(jobs)?;
-        let mut removed = outcome.into_removed();
-        removed.families = slots
+        let mut done = outcome.into_removed();
+        done.families = slots
             .iter()
             .filter(|s| matches!(s, Slot::Iptables(_)))
             .count();
-        Ok(removed)
+        Ok(done)
     }
 }
 
