@@ -1,7 +1,8 @@
 //! `--ip-masq` and the FORWARD accept rules, in flannel's exact text so that an operator's
 //! tooling, and a switch back to flannel, find what they expect: iptables chains
-//! `FLANNEL-POSTRTG` (nat) and `FLANNEL-FWD` (filter), or with `EnableNFTables` the tables
-//! `flannel-ipv4` / `flannel-ipv6` with chains `postrtg` and `forward`.
+//! `FLANNEL-POSTRTG` (nat) and `FLANNEL-FWD` (filter), or with `EnableNFTables` (or on a host
+//! without iptables) the tables `flannel-ipv4` / `flannel-ipv6` with chains `postrtg` and
+//! `forward`.
 //!
 //! The rule text and the comparison with what the kernel holds are pure, for both backends
 //! (`Wanted`, `Ours`, `Stale` give them to the firewall driver); [`check`], [`ensure`],
@@ -35,7 +36,8 @@ pub struct MasqSpec {
     /// (network, this node's subnet).
     pub ipv4: Option<(Ipv4Network, Ipv4Network)>,
     pub ipv6: Option<(Ipv6Network, Ipv6Network)>,
-    /// `EnableNFTables` in the network config.
+    /// The rules are nftables': `EnableNFTables` in the network config, or a host without
+    /// iptables (`spec::Firewall::choose`).
     pub nftables: bool,
     /// `--ip-masq`: the masquerade chain.
     pub masq: bool,
@@ -636,8 +638,7 @@ fn nft_read(family: Family) -> &'static [&'static str] {
 }
 
 impl MasqSpec {
-    /// The driver that writes the rules: nftables with `EnableNFTables` (or where only nft is
-    /// installed, see `NodeSpec::derive`), iptables otherwise.
+    /// The driver that writes the rules, chosen once at start (`spec::Firewall::choose`).
     pub fn backend(&self) -> Backend {
         match self.nftables {
             true => Backend::Nftables,
