@@ -47,7 +47,7 @@ impl Examination {
     }
 }
 
-/// Everything up to the node's spec; on the way, what was found.
+/// The node as the daemon would derive it, and the other nodes' leases.
 struct Examined {
     spec: NodeSpec,
     others: Leases,

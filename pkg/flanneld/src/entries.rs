@@ -6,7 +6,8 @@
 //! Each kind of entry says how it is keyed, when a held entry is the wanted one, how it is
 //! written and removed, and how `doctor` shows it ([`Kind`]); the diff, the write order and
 //! the doctor's findings are written once over any kind. A new kind is a field of [`Entries`]
-//! and of [`Plan`], an impl of [`Kind`], and its place in [`Plan::writes`].
+//! and of [`Plan`], an impl of [`Kind`], and a line in [`diff`], [`Plan::writes`] (its place in
+//! the order), [`Plan::counts`] and [`findings`].
 
 use crate::report::Finding;
 use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Route, Write};

@@ -220,8 +220,7 @@ impl Reconciler {
         }
         let mut waiting: Vec<Vec<Event>> = Vec::new();
         let mut settle: Option<Settle> = None;
-        let running: Running = FuturesUnordered::new();
-        let mut running = running;
+        let mut running: Running = FuturesUnordered::new();
         loop {
             // Lease events wait while a pass reads the leases.
             let reading = self.slots.iter().any(|s| s.follows && s.plane.is_none());
