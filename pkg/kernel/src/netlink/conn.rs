@@ -700,18 +700,24 @@ impl Conn {
         }
     }
 
-    /// Every nexthop object that is a gateway on a device, both families.
+    /// Every nexthop object that is a gateway on a device, both families; none on a kernel
+    /// without nexthop objects.
     pub async fn nexthops(&self) -> Result<Vec<Nexthop>> {
-        self.exchange(
-            Rtnl::GetNexthop(nexthop::dump()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            |m| match m {
-                Rtnl::NewNexthop(n) => nexthop::nexthop(&n),
-                _ => None,
-            },
-        )
-        .await
-        .map_err(|f| f.into_error("listing", "nexthops"))
+        let r = self
+            .exchange(
+                Rtnl::GetNexthop(nexthop::dump()),
+                NLM_F_REQUEST | NLM_F_DUMP,
+                |m| match m {
+                    Rtnl::NewNexthop(n) => nexthop::nexthop(&n),
+                    _ => None,
+                },
+            )
+            .await;
+        match r {
+            Ok(found) => Ok(found),
+            Err(Fail::Errno(Errno::EOPNOTSUPP)) => Ok(Vec::new()),
+            Err(f) => Err(f.into_error("listing", "nexthops")),
+        }
     }
 
     /// The nexthop `id`, or None (also when it is a kind [`Nexthop`] does not model).
