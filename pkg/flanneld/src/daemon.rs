@@ -5,6 +5,7 @@
 use crate::alloc::Node;
 use crate::backend;
 use crate::config::{self, ConfigError, NetConfig};
+use crate::entries::RouteStyle;
 use crate::error::{LeaseLost, StartError};
 use crate::family::IpFamily;
 use crate::iface::Interfaces;
@@ -332,6 +333,17 @@ async fn serve<R: Registry>(
     // This node's lease from before, for what its devices announced.
     let earlier = reg.earlier_lease(&cfg, &node).await;
     let conn = Conn::open()?;
+    let style = if backend.programs() {
+        let (style, why) = netlink_plane::route_style(&conn, settings.nexthops).await;
+        info!("{why}");
+        metrics::set(
+            &METRICS.route_style,
+            1 + u64::from(style == RouteStyle::Nexthop),
+        );
+        style
+    } else {
+        RouteStyle::Plain
+    };
     let mut attrs = LeaseAttrs {
         public_ip: node.public_ip,
         public_ipv6: node.public_ipv6,
@@ -361,7 +373,8 @@ async fn serve<R: Registry>(
         key,
         attrs: attrs.clone(),
     };
-    let spec = NodeSpec::derive(settings, &cfg, &ext, &own, &fw)?;
+    let mut spec = NodeSpec::derive(settings, &cfg, &ext, &own, &fw)?;
+    spec.datapath.style = style;
 
     let mut planes: Vec<Box<dyn Plane>> = Vec::new();
     if backend.programs() {

@@ -10,7 +10,7 @@ use crate::config::{self, NetConfig};
 use crate::iface::Interfaces;
 use crate::lease::Lease;
 use crate::planes::firewall::FirewallPlane;
-use crate::planes::netlink::NetlinkPlane;
+use crate::planes::netlink::{self as netlink_plane, NetlinkPlane};
 use crate::reconcile::{Leases, Others, Plane};
 use crate::registry::Registry;
 use crate::report::{Finding, Report};
@@ -222,10 +222,17 @@ struct Planes {
 }
 
 impl Planes {
-    fn of(node: &Examined, settings: &Settings, f: &mut Vec<Finding>) -> Option<Planes> {
+    async fn of(node: &Examined, settings: &Settings, f: &mut Vec<Finding>) -> Option<Planes> {
         let netlink = if node.spec.datapath.backend.programs() {
             match Conn::open() {
-                Ok(conn) => Some(NetlinkPlane::new(conn, node.spec.datapath.clone())),
+                Ok(conn) => {
+                    // The style the daemon would choose, asked of the kernel as it asks.
+                    let (style, why) = netlink_plane::route_style(&conn, settings.nexthops).await;
+                    f.push(Finding::new("routes", "ok", why));
+                    let mut spec = node.spec.datapath.clone();
+                    spec.style = style;
+                    Some(NetlinkPlane::new(conn, spec))
+                }
                 Err(e) => {
                     f.push(Finding::new("kernel", "wrong", e.to_string()));
                     return None;
@@ -283,7 +290,7 @@ async fn look<R: Registry>(
     let Some(node) = derive(reg, settings, ifaces, &mut report.findings).await else {
         return (report, None);
     };
-    let Some(mut planes) = Planes::of(&node, settings, &mut report.findings) else {
+    let Some(mut planes) = Planes::of(&node, settings, &mut report.findings).await else {
         return (report, None);
     };
     report

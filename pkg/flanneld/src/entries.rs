@@ -1,5 +1,5 @@
-//! The kernel entries the datapath keeps for the other nodes (routes, neighbours, FDB entries),
-//! how a backend asks for them, and the difference between what is wanted and what the kernel
+//! The kernel entries the datapath keeps for the other nodes (routes, neighbours, FDB entries,
+//! nexthop objects), how a backend asks for them, and the difference between what is wanted and what the kernel
 //! holds: pure, so that start, restart, repair, normal operation and `flanneld doctor` are one
 //! computation.
 //!
@@ -10,7 +10,7 @@
 //! the order), [`Plan::counts`] and [`findings`].
 
 use crate::report::Finding;
-use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Route, Write};
+use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Nexthop, Route, Write, PROTOCOL_BOOT};
 use ipnetwork::IpNetwork;
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
@@ -23,6 +23,7 @@ pub struct Entries {
     pub routes: Vec<Route>,
     pub neighbours: Vec<Neighbour>,
     pub fdb: Vec<FdbEntry>,
+    pub nexthops: Vec<Nexthop>,
 }
 
 /// How the datapath programs a path to another node's subnet; backends say where the path
@@ -32,6 +33,93 @@ pub enum RouteStyle {
     /// One route per subnet with its gateway and device.
     #[default]
     Plain,
+    /// A nexthop object per path (the gateway and the device) and a route to the subnet
+    /// through it. The kernel hashes such a route by the nexthop's id, so N of them cost N to
+    /// program, where plain routes through one device cost N² (each is compared with every
+    /// earlier one of the same device).
+    Nexthop,
+}
+
+impl RouteStyle {
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteStyle::Plain => "plain",
+            RouteStyle::Nexthop => "nexthop",
+        }
+    }
+}
+
+/// The first id of the nexthops of IPv4 paths: subnet n of the network (counting from the
+/// network's first subnet) goes through nexthop `NEXTHOP_IDS_V4 + n`.
+pub const NEXTHOP_IDS_V4: u32 = 4_000_000_000;
+/// The first id of the nexthops of IPv6 paths, likewise.
+pub const NEXTHOP_IDS_V6: u32 = 4_100_000_000;
+/// How many ids each family has.
+const IDS_PER_FAMILY: u32 = 100_000_000;
+
+/// Whether `id` is in the ranges this daemon gives its nexthops.
+pub fn is_our_nexthop_id(id: u32) -> bool {
+    (NEXTHOP_IDS_V4..NEXTHOP_IDS_V6 + IDS_PER_FAMILY).contains(&id)
+}
+
+/// Whether a nexthop the kernel holds is this daemon's: an id of its ranges and the protocol
+/// it marks its routes with. Any other is another program's and never touched.
+pub fn owns_nexthop(nh: &Nexthop) -> bool {
+    is_our_nexthop_id(nh.id) && nh.protocol == PROTOCOL_BOOT
+}
+
+/// The id of the nexthop of the path to `subnet` of `network`: the same in every life of the
+/// daemon, and readable (`ip nexthop` shows 4000000258 for 10.1.2.0/24 of 10.0.0.0/8). None
+/// when the subnet is not in the network or its number does not fit the family's range.
+pub fn nexthop_id(network: IpNetwork, subnet: IpNetwork) -> Option<u32> {
+    let (base, bits, net, sub) = match (network, subnet) {
+        (IpNetwork::V4(n), IpNetwork::V4(s)) => (
+            NEXTHOP_IDS_V4,
+            32,
+            u128::from(u32::from(n.network())),
+            u128::from(u32::from(s.network())),
+        ),
+        (IpNetwork::V6(n), IpNetwork::V6(s)) => (
+            NEXTHOP_IDS_V6,
+            128,
+            u128::from(n.network()),
+            u128::from(s.network()),
+        ),
+        _ => return None,
+    };
+    if subnet.prefix() < network.prefix() || !network.contains(subnet.network()) {
+        return None;
+    }
+    let n = (sub - net).checked_shr(bits - u32::from(subnet.prefix()))?;
+    u32::try_from(n)
+        .ok()
+        .filter(|n| *n < IDS_PER_FAMILY)
+        .map(|n| base + n)
+}
+
+/// What nexthop ids a computation of the wanted entries may give: each family's network, and
+/// the ids another program's nexthops hold. A path that gets no id (its id taken, or given
+/// already to a subnet of another length) gets a plain route.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NexthopIds {
+    networks: Vec<IpNetwork>,
+    taken: HashSet<u32>,
+    given: HashSet<u32>,
+}
+
+impl NexthopIds {
+    pub fn new(networks: Vec<IpNetwork>, taken: HashSet<u32>) -> NexthopIds {
+        NexthopIds {
+            networks,
+            taken,
+            given: HashSet::new(),
+        }
+    }
+
+    fn give(&mut self, subnet: IpNetwork) -> Option<u32> {
+        let id = self.networks.iter().find_map(|n| nexthop_id(*n, subnet))?;
+        (!self.taken.contains(&id) && self.given.insert(id)).then_some(id)
+    }
 }
 
 /// A path to another node's subnet: through `gw` on the device `dev`.
@@ -49,25 +137,48 @@ pub struct Hop {
 pub struct Want {
     pub entries: Entries,
     style: RouteStyle,
+    ids: NexthopIds,
 }
 
 impl Want {
-    /// Room for `peers` routes, and for as many neighbours and FDB entries when the backend
-    /// has devices: at thousands of leases, growing by doubling would hold up to twice the room.
-    pub fn new(style: RouteStyle, peers: usize, devices: bool) -> Want {
+    /// Room for `peers` routes (and nexthops), and for as many neighbours and FDB entries when
+    /// the backend has devices: at thousands of leases, growing by doubling would hold up to
+    /// twice the room.
+    pub fn new(style: RouteStyle, ids: NexthopIds, peers: usize, devices: bool) -> Want {
         let mut entries = Entries::default();
         entries.routes.reserve_exact(peers);
+        if style == RouteStyle::Nexthop {
+            entries.nexthops.reserve_exact(peers);
+        }
         if devices {
             entries.neighbours.reserve_exact(peers);
             entries.fdb.reserve_exact(peers);
         }
-        Want { entries, style }
+        Want {
+            entries,
+            style,
+            ids,
+        }
     }
 
     /// The path to a subnet, as the route style programs it.
     pub fn route(&mut self, hop: Hop) {
-        match self.style {
-            RouteStyle::Plain => {
+        let id = match self.style {
+            RouteStyle::Plain => None,
+            RouteStyle::Nexthop => self.ids.give(hop.dst),
+        };
+        match id {
+            Some(id) => {
+                self.entries.nexthops.push(Nexthop {
+                    id,
+                    gateway: hop.gw,
+                    device: hop.dev,
+                    onlink: hop.onlink,
+                    protocol: PROTOCOL_BOOT,
+                });
+                self.entries.routes.push(Route::via_nexthop(hop.dst, id));
+            }
+            None => {
                 let route = Route::new(hop.dst, Some(hop.gw), Some(hop.dev));
                 self.entries
                     .routes
@@ -138,6 +249,9 @@ impl Kind for Route {
 
     fn show(&self, names: &dyn Names) -> String {
         let mut s = self.dst.to_string();
+        if let Some(id) = self.nhid {
+            let _ = write!(s, " nhid {id}");
+        }
         if let Some(gw) = self.gw {
             let _ = write!(s, " via {gw}");
         }
@@ -201,6 +315,38 @@ impl Kind for FdbEntry {
     fn show(&self, _: &dyn Names) -> String {
         let dst = self.dst.map(|d| d.to_string()).unwrap_or_default();
         format!("{} dst {dst}", format_mac(&self.mac))
+    }
+}
+
+impl Kind for Nexthop {
+    const NAME: &'static str = "nexthop";
+    const SET_REPLACES: bool = true;
+    type Key = u32;
+
+    fn key(&self) -> Self::Key {
+        self.id
+    }
+
+    fn fits(&self, have: &Nexthop) -> bool {
+        self == have
+    }
+
+    fn set(&self) -> Write<'_> {
+        Write::SetNexthop(self)
+    }
+
+    fn delete(&self) -> Write<'_> {
+        Write::DeleteNexthop(self.id)
+    }
+
+    fn show(&self, names: &dyn Names) -> String {
+        format!(
+            "id {} via {} dev {}{}",
+            self.id,
+            self.gateway,
+            names.name(self.device),
+            if self.onlink { " onlink" } else { "" }
+        )
     }
 }
 
@@ -268,6 +414,7 @@ pub struct Plan<'a> {
     pub routes: KindPlan<'a, Route>,
     pub neighbours: KindPlan<'a, Neighbour>,
     pub fdb: KindPlan<'a, FdbEntry>,
+    pub nexthops: KindPlan<'a, Nexthop>,
 }
 
 /// The difference between what is wanted and what the kernel holds, kind by kind.
@@ -276,39 +423,49 @@ pub fn diff<'a>(want: &'a Entries, have: &'a Entries) -> Plan<'a> {
         routes: diff_kind(&want.routes, &have.routes),
         neighbours: diff_kind(&want.neighbours, &have.neighbours),
         fdb: diff_kind(&want.fdb, &have.fdb),
+        nexthops: diff_kind(&want.nexthops, &have.nexthops),
     }
 }
 
 impl<'a> Plan<'a> {
     pub fn is_empty(&self) -> bool {
-        self.routes.is_empty() && self.neighbours.is_empty() && self.fdb.is_empty()
+        self.routes.is_empty()
+            && self.neighbours.is_empty()
+            && self.fdb.is_empty()
+            && self.nexthops.is_empty()
     }
 
-    /// The writes in the order the kernel must take them: removals first (a wrong FDB entry
-    /// goes before the right one is written, a route before what it uses), then the
-    /// neighbours and FDB entries before the routes that use them.
+    /// The writes in the order the kernel must take them, all in one batch: removals first (a
+    /// wrong FDB entry goes before the right one is written; a route before the nexthop it
+    /// goes through, which the kernel would otherwise remove by walking its whole table), then
+    /// the neighbours, FDB entries and nexthops before the routes that use them.
     pub fn writes(&self) -> Vec<Write<'a>> {
         let removals = (self.routes.remove.iter().map(|e| e.delete()))
+            .chain(self.nexthops.remove.iter().map(|e| e.delete()))
             .chain(self.neighbours.remove.iter().map(|e| e.delete()))
             .chain(self.fdb.remove.iter().map(|e| e.delete()));
         let puts = (self.neighbours.put.iter().map(|e| e.set()))
             .chain(self.fdb.put.iter().map(|e| e.set()))
+            .chain(self.nexthops.put.iter().map(|e| e.set()))
             .chain(self.routes.put.iter().map(|e| e.set()));
         removals.chain(puts).collect()
     }
 
-    /// Per kind (routes, neighbours, FDB): how many it writes, and how many it removes.
-    pub fn counts(&self) -> ([usize; 3], [usize; 3]) {
+    /// Per kind (routes, neighbours, FDB entries, nexthops): how many it writes, and how many
+    /// it removes.
+    pub fn counts(&self) -> ([usize; 4], [usize; 4]) {
         (
             [
                 self.routes.put.len(),
                 self.neighbours.put.len(),
                 self.fdb.put.len(),
+                self.nexthops.put.len(),
             ],
             [
                 self.routes.remove.len(),
                 self.neighbours.remove.len(),
                 self.fdb.remove.len(),
+                self.nexthops.remove.len(),
             ],
         )
     }
@@ -348,10 +505,16 @@ pub fn findings_kind<T: Kind>(
     out
 }
 
-/// Every kind as `flanneld doctor` reports it, in the plan's order of kinds.
+/// Every kind as `flanneld doctor` reports it: nexthops, routes, neighbours, FDB entries.
 pub fn findings(want: &Entries, have: &Entries, names: &dyn Names) -> Vec<Finding> {
     let plan = diff(want, have);
-    let mut out = findings_kind(&want.routes, &have.routes, &plan.routes, names);
+    let mut out = findings_kind(&want.nexthops, &have.nexthops, &plan.nexthops, names);
+    out.extend(findings_kind(
+        &want.routes,
+        &have.routes,
+        &plan.routes,
+        names,
+    ));
     out.extend(findings_kind(
         &want.neighbours,
         &have.neighbours,
@@ -373,7 +536,7 @@ mod tests {
     }
 
     fn table() -> Entries {
-        let mut want = Want::new(RouteStyle::Plain, 2, true);
+        let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 2, true);
         for (i, node) in [(2u8, MAC), (3, [1, 2, 3, 4, 5, 7])] {
             let gw: IpAddr = format!("10.5.{i}.0").parse().unwrap();
             want.route(Hop {
@@ -394,7 +557,7 @@ mod tests {
 
     #[test]
     fn the_plain_style_makes_one_route_per_hop() {
-        let mut want = Want::new(RouteStyle::Plain, 1, false);
+        let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, false);
         let hop = Hop {
             dst: "10.5.2.0/24".parse().unwrap(),
             gw: "192.168.0.2".parse().unwrap(),
@@ -413,6 +576,172 @@ mod tests {
                 Route::new(hop.dst, Some(hop.gw), Some(2)).onlink()
             ]
         );
+    }
+
+    fn nexthop_want(taken: &[u32]) -> Want {
+        let ids = NexthopIds::new(
+            vec!["10.0.0.0/8".parse().unwrap(), "fc00::/48".parse().unwrap()],
+            taken.iter().copied().collect(),
+        );
+        Want::new(RouteStyle::Nexthop, ids, 4, false)
+    }
+
+    #[test]
+    fn nexthop_ids_count_the_subnets_of_the_network_per_family() {
+        let id = |n: &str, s: &str| nexthop_id(n.parse().unwrap(), s.parse().unwrap());
+        assert_eq!(id("10.0.0.0/8", "10.0.0.0/24"), Some(4_000_000_000));
+        assert_eq!(id("10.0.0.0/8", "10.1.2.0/24"), Some(4_000_000_258));
+        assert_eq!(id("10.9.0.0/16", "10.9.3.0/24"), Some(4_000_000_003));
+        assert_eq!(id("10.9.0.0/16", "10.9.3.64/26"), Some(4_000_000_013));
+        assert_eq!(id("fc00::/48", "fc00:0:0:3::/64"), Some(4_100_000_003));
+        assert_eq!(
+            id("fc00::/48", "fc00:0:0:ffff::/64"),
+            Some(4_100_000_000 + 0xffff)
+        );
+        // Outside the network, of the other family, wider than it, or past the range.
+        assert_eq!(id("10.9.0.0/16", "10.10.3.0/24"), None);
+        assert_eq!(id("10.9.0.0/16", "fc00::/64"), None);
+        assert_eq!(id("10.9.0.0/16", "10.0.0.0/8"), None);
+        assert_eq!(id("fc00::/16", "fc00:ffff:ffff:ffff::/64"), None);
+        assert_eq!(id("0.0.0.0/0", "0.0.0.0/0"), Some(4_000_000_000));
+        for ours in [4_000_000_000, 4_099_999_999, 4_100_000_000, 4_199_999_999] {
+            assert!(is_our_nexthop_id(ours), "{ours}");
+        }
+        for other in [1, 3_999_999_999, 4_200_000_000, u32::MAX] {
+            assert!(!is_our_nexthop_id(other), "{other}");
+        }
+        let mut nh = Nexthop::onlink(4_000_000_003, "10.9.3.0".parse().unwrap(), 3);
+        assert!(owns_nexthop(&nh));
+        nh.protocol = 0;
+        assert!(!owns_nexthop(&nh), "one `ip nexthop add` made");
+    }
+
+    #[test]
+    fn the_nexthop_style_makes_a_nexthop_and_a_route_through_it_per_hop() {
+        let mut want = nexthop_want(&[]);
+        let hop = Hop {
+            dst: "10.5.2.0/24".parse().unwrap(),
+            gw: "10.5.2.0".parse().unwrap(),
+            dev: 10,
+            onlink: true,
+        };
+        want.route(hop);
+        want.route(Hop {
+            dst: "fc00:0:0:2::/64".parse().unwrap(),
+            gw: "fd00::2".parse().unwrap(),
+            dev: 2,
+            onlink: false,
+        });
+        assert_eq!(
+            want.entries.nexthops,
+            [
+                Nexthop::onlink(4_000_001_282, hop.gw, 10),
+                Nexthop {
+                    onlink: false,
+                    ..Nexthop::onlink(4_100_000_002, "fd00::2".parse().unwrap(), 2)
+                }
+            ]
+        );
+        assert_eq!(
+            want.entries.routes,
+            [
+                Route::via_nexthop(hop.dst, 4_000_001_282),
+                Route::via_nexthop("fc00:0:0:2::/64".parse().unwrap(), 4_100_000_002)
+            ]
+        );
+        assert_eq!(
+            want.entries.routes[0].show(&names),
+            "10.5.2.0/24 nhid 4000001282"
+        );
+        assert_eq!(
+            want.entries.nexthops[0].show(&names),
+            "id 4000001282 via 10.5.2.0 dev flannel.1 onlink"
+        );
+    }
+
+    #[test]
+    fn a_path_without_an_id_of_its_own_gets_a_plain_route() {
+        // Another program's nexthop holds 10.5.2.0/24's id; 10.0.1.0/24 and 10.0.0.128/25 are
+        // both subnet 1 of their length; 192.168.0.0/24 is in no network.
+        let mut want = nexthop_want(&[4_000_001_282]);
+        for dst in [
+            "10.5.2.0/24",
+            "10.0.1.0/24",
+            "10.0.0.128/25",
+            "192.168.0.0/24",
+        ] {
+            let dst: IpNetwork = dst.parse().unwrap();
+            want.route(Hop {
+                dst,
+                gw: dst.ip(),
+                dev: 10,
+                onlink: true,
+            });
+        }
+        let nhids: Vec<Option<u32>> = want.entries.routes.iter().map(|r| r.nhid).collect();
+        assert_eq!(nhids, [None, Some(4_000_000_001), None, None]);
+        assert_eq!(want.entries.nexthops.len(), 1);
+        assert_eq!(
+            want.entries.routes[0],
+            Route::new(
+                "10.5.2.0/24".parse().unwrap(),
+                "10.5.2.0".parse().ok(),
+                Some(10)
+            )
+            .onlink()
+        );
+    }
+
+    #[test]
+    fn a_plain_route_is_replaced_in_place_by_one_through_a_nexthop_which_is_written_first() {
+        let mut plain = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, false);
+        let mut nexthop = nexthop_want(&[]);
+        let hop = Hop {
+            dst: "10.5.2.0/24".parse().unwrap(),
+            gw: "192.168.0.2".parse().unwrap(),
+            dev: 2,
+            onlink: false,
+        };
+        plain.route(hop);
+        nexthop.route(hop);
+        // Go's flanneld's route (or ours from before) for a leased subnet.
+        let plan = diff(&nexthop.entries, &plain.entries);
+        assert_eq!(plan.counts(), ([1, 0, 0, 1], [0, 0, 0, 0]));
+        let writes = plan.writes();
+        assert!(matches!(writes[0], Write::SetNexthop(_)), "{writes:?}");
+        assert!(matches!(writes[1], Write::SetRoute(r) if r.nhid.is_some()));
+        // And back: the route is replaced in place, then the nexthop goes.
+        let plan = diff(&plain.entries, &nexthop.entries);
+        assert_eq!(plan.counts(), ([1, 0, 0, 0], [0, 0, 0, 1]));
+        let writes = plan.writes();
+        assert!(matches!(writes[0], Write::DeleteNexthop(4_000_001_282)));
+        assert!(matches!(writes[1], Write::SetRoute(r) if r.nhid.is_none()));
+    }
+
+    #[test]
+    fn unleased_routes_go_before_their_nexthops() {
+        let mut want = nexthop_want(&[]);
+        for i in [2u8, 3] {
+            let dst: IpNetwork = format!("10.5.{i}.0/24").parse().unwrap();
+            want.route(Hop {
+                dst,
+                gw: dst.ip(),
+                dev: 10,
+                onlink: true,
+            });
+        }
+        let none = Entries::default();
+        let plan = diff(&none, &want.entries);
+        assert_eq!(plan.counts(), ([0, 0, 0, 0], [2, 0, 0, 2]));
+        let writes = plan.writes();
+        assert!(matches!(writes[0], Write::DeleteRoute(_)));
+        assert!(matches!(writes[1], Write::DeleteRoute(_)));
+        assert!(matches!(writes[2], Write::DeleteNexthop(_)));
+        // A nexthop moved elsewhere is replaced in place: its routes stay.
+        let mut have = want.entries.clone();
+        have.nexthops[0].gateway = "10.5.2.1".parse().unwrap();
+        let plan = diff(&want.entries, &have);
+        assert_eq!(plan.counts(), ([0, 0, 0, 1], [0, 0, 0, 0]));
     }
 
     #[test]
@@ -450,7 +779,7 @@ mod tests {
         assert!(plan.neighbours.remove.is_empty());
         assert!(plan.fdb.put.is_empty());
         assert_eq!(plan.fdb.remove[0].mac, [1, 2, 3, 4, 5, 6]);
-        assert_eq!(plan.counts(), ([1, 1, 0], [1, 0, 1]));
+        assert_eq!(plan.counts(), ([1, 1, 0, 0], [1, 0, 1, 0]));
     }
 
     #[test]

@@ -147,6 +147,13 @@ pub struct Flags {
           value_name = "BOOL")]
     pub iptables_forward_rules: bool,
 
+    /// Program the routes to other nodes through nexthop objects where the kernel has them
+    /// (5.3 and later; linear cost at tens of thousands of nodes); false: plain routes, as
+    /// Go's flanneld writes them. Not a flag of Go's flanneld.
+    #[arg(long, env = "FLANNELD_NEXTHOPS", value_parser = go_bool, num_args = 0..=1,
+          default_value = "true", default_missing_value = "true", value_name = "BOOL")]
+    pub nexthops: bool,
+
     /// Seconds between checks that the firewall rules are still in place.
     #[arg(
         long,
@@ -299,6 +306,8 @@ mod tests {
         assert_eq!(f.kube_annotation_prefix, "flannel.alpha.coreos.com");
         assert_eq!((f.kube_api_url, f.kubeconfig_file), (None, None));
         assert_eq!(f.registry_dir, None);
+        assert!(f.nexthops);
+        assert!(!parse(&["-nexthops=false"]).unwrap().nexthops);
     }
 
     #[test]

@@ -12,11 +12,15 @@ pub struct Metrics {
     pub routes: AtomicU64,
     pub neighbours: AtomicU64,
     pub fdb: AtomicU64,
+    pub nexthops: AtomicU64,
+    /// The route style: 0 none (nothing programmed), 1 plain, 2 through nexthop objects.
+    pub route_style: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_micros: AtomicU64,
     pub repaired_routes: AtomicU64,
     pub repaired_neighbours: AtomicU64,
     pub repaired_fdb: AtomicU64,
+    pub repaired_nexthops: AtomicU64,
     pub registry_errors: AtomicU64,
     pub resyncs: AtomicU64,
     pub masq_restores: AtomicU64,
@@ -28,11 +32,14 @@ pub static METRICS: Metrics = Metrics {
     routes: AtomicU64::new(0),
     neighbours: AtomicU64::new(0),
     fdb: AtomicU64::new(0),
+    nexthops: AtomicU64::new(0),
+    route_style: AtomicU64::new(0),
     reconcile_runs: AtomicU64::new(0),
     reconcile_micros: AtomicU64::new(0),
     repaired_routes: AtomicU64::new(0),
     repaired_neighbours: AtomicU64::new(0),
     repaired_fdb: AtomicU64::new(0),
+    repaired_nexthops: AtomicU64::new(0),
     registry_errors: AtomicU64::new(0),
     resyncs: AtomicU64::new(0),
     masq_restores: AtomicU64::new(0),
@@ -73,6 +80,18 @@ impl Metrics {
                 ("{kind=\"route\"}", g(&self.routes)),
                 ("{kind=\"neighbour\"}", g(&self.neighbours)),
                 ("{kind=\"fdb\"}", g(&self.fdb)),
+                ("{kind=\"nexthop\"}", g(&self.nexthops)),
+            ],
+        );
+        let style = g(&self.route_style);
+        family(
+            &mut out,
+            "flanneld_route_style",
+            "gauge",
+            "How routes to the other nodes are programmed: 1 for the style in use (plain routes, or routes through nexthop objects).",
+            &[
+                ("{style=\"plain\"}", u64::from(style == 1)),
+                ("{style=\"nexthop\"}", u64::from(style == 2)),
             ],
         );
         family(
@@ -96,6 +115,7 @@ impl Metrics {
                 ("{kind=\"route\"}", g(&self.repaired_routes)),
                 ("{kind=\"neighbour\"}", g(&self.repaired_neighbours)),
                 ("{kind=\"fdb\"}", g(&self.repaired_fdb)),
+                ("{kind=\"nexthop\"}", g(&self.repaired_nexthops)),
             ],
         );
         family(
@@ -145,7 +165,14 @@ mod tests {
         set(&m.leases_known, 3);
         add(&m.repaired_routes, 2);
         add(&m.reconcile_micros, 1_500_000);
+        set(&m.route_style, 2);
         let text = m.render();
+        assert!(
+            text.contains(
+                "flanneld_route_style{style=\"plain\"} 0\nflanneld_route_style{style=\"nexthop\"} 1\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("# TYPE flanneld_leases_known gauge\nflanneld_leases_known 3\n"),
             "{text}"

@@ -86,6 +86,8 @@ pub struct Settings {
     /// The lease's lifetime, and how long before its expiry it is renewed.
     pub ttl: Duration,
     pub renew_margin: Duration,
+    /// `--nexthops`: routes through nexthop objects where the kernel has them.
+    pub nexthops: bool,
 }
 
 impl Settings {
@@ -142,6 +144,7 @@ impl Settings {
             iptables_resync: Duration::from_secs(flags.iptables_resync),
             ttl: Duration::from_secs(flags.subnet_lease_ttl),
             renew_margin: Duration::from_secs(u64::from(flags.subnet_lease_renew_margin) * 60),
+            nexthops: flags.nexthops,
         }
     }
 }

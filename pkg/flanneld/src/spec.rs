@@ -6,7 +6,7 @@
 use crate::backend::api::{Backend, Here, Peer};
 use crate::backend::select;
 use crate::config::{ConfigError, NetConfig};
-use crate::entries::{RouteStyle, Want};
+use crate::entries::{is_our_nexthop_id, NexthopIds, RouteStyle, Want};
 use crate::error::StartError;
 use crate::family::IpFamily;
 use crate::iface::{self, External, IfaceError, Interfaces, Wanted};
@@ -16,6 +16,7 @@ use crate::settings::Settings;
 use cni_kernel::firewall::{self, Installed};
 use cni_kernel::netlink::{Route, VxlanSpec, MAIN_TABLE};
 use ipnetwork::IpNetwork;
+use std::collections::HashSet;
 use std::sync::Arc;
 use subnetenv::SubnetEnv;
 
@@ -110,6 +111,16 @@ pub struct Desired {
     pub want: Want,
     /// Leases that give no entry, with why.
     pub skipped: Vec<(SubnetKey, String)>,
+    /// Leases with a subnet outside the network of its family, which are never programmed:
+    /// the lease, the subnet and the network.
+    pub outside: Vec<(SubnetKey, IpNetwork, IpNetwork)>,
+}
+
+/// Whether `subnet` lies in `network`.
+fn within(network: IpNetwork, subnet: IpNetwork) -> bool {
+    network.is_ipv4() == subnet.is_ipv4()
+        && network.prefix() <= subnet.prefix()
+        && network.contains(subnet.network())
 }
 
 /// FLANNEL_SUBNET's form: the subnet's first address with its prefix.
@@ -224,17 +235,24 @@ impl DeviceIndex {
 }
 
 impl DatapathSpec {
-    /// The entries the other nodes' leases call for, with this node's devices at `devs`.
+    /// The entries the other nodes' leases call for, with this node's devices at `devs`; the
+    /// ids of nexthops another program holds (`taken`) are left to it.
     pub fn desired<'a>(
         &self,
         devs: &DeviceIndex,
+        taken: &HashSet<u32>,
         others: impl IntoIterator<Item = &'a Lease>,
     ) -> Desired {
         let others = others.into_iter();
         let has_devices = self.families.iter().any(|f| f.device.is_some());
+        let ids = NexthopIds::new(
+            self.families.iter().map(|f| f.network).collect(),
+            taken.clone(),
+        );
         let mut d = Desired {
-            want: Want::new(self.style, others.size_hint().0, has_devices),
+            want: Want::new(self.style, ids, others.size_hint().0, has_devices),
             skipped: Vec::new(),
+            outside: Vec::new(),
         };
         if !self.backend.programs() {
             return d;
@@ -255,6 +273,10 @@ impl DatapathSpec {
                 let Some(subnet) = lease.key.subnet(f.family) else {
                     continue;
                 };
+                if !within(f.network, subnet) {
+                    d.outside.push((lease.key, subnet, f.network));
+                    continue;
+                }
                 let Some(public) = lease.attrs.public(f.family) else {
                     d.skipped
                         .push((lease.key, format!("no public address for {subnet}")));
@@ -279,8 +301,8 @@ impl DatapathSpec {
     }
 
     /// Whether a route of the kernel is one this datapath owns: into the cluster network (not
-    /// this node's own subnet), through a device of ours or via a gateway on the external
-    /// link.
+    /// this node's own subnet), through a device of ours, via a gateway on the external link
+    /// or through a nexthop of ours.
     pub fn owns_route(&self, devs: &DeviceIndex, r: &Route) -> bool {
         if r.table != MAIN_TABLE || !self.backend.programs() {
             return false;
@@ -295,7 +317,8 @@ impl DatapathSpec {
             .any(|f| f.family == family && within(f.network))
             && !self.own.subnet(family).is_some_and(within);
         let ours = r.oif.is_some_and(|o| devs.contains(o))
-            || (r.oif == Some(self.ext.index) && r.gw.is_some());
+            || (r.oif == Some(self.ext.index) && r.gw.is_some())
+            || r.nhid.is_some_and(is_our_nexthop_id);
         inside && ours
     }
 }
@@ -307,7 +330,7 @@ mod tests {
     use crate::flags::Flags;
     use crate::lease::LeaseAttrs;
     use clap::Parser;
-    use cni_kernel::netlink::{FdbEntry, Neighbour};
+    use cni_kernel::netlink::{FdbEntry, Neighbour, Nexthop};
     use serde_json::value::RawValue;
     use std::net::IpAddr;
 
@@ -530,7 +553,7 @@ mod tests {
         );
         peer.attrs.public_ipv6 = "fd00::2".parse().ok();
         peer.attrs.backend_v6_data = data("c6:d2:32:6f:8f:46");
-        let d = s.desired(&devs(), &[peer, own()]);
+        let d = s.desired(&devs(), &HashSet::new(), &[peer, own()]);
         let e = &d.want.entries;
         let gw: IpAddr = "10.5.2.0".parse().unwrap();
         assert_eq!(e.routes.len(), 2);
@@ -555,6 +578,7 @@ mod tests {
         let s = spec(&cfg);
         let d = s.desired(
             &devs(),
+            &HashSet::new(),
             &[
                 lease("10.5.2.0-24", "192.168.0.2", "host-gw", None),
                 lease("10.5.3.0-24", "192.168.0.3", "vxlan", None),
@@ -587,6 +611,7 @@ mod tests {
         assert!(s.families[0].device.is_none());
         let d = s.desired(
             &DeviceIndex::default(),
+            &HashSet::new(),
             &[lease("10.5.2.0-24", "192.168.0.2", "host-gw", None)],
         );
         assert_eq!(
@@ -609,6 +634,7 @@ mod tests {
         .datapath;
         let d = s.desired(
             &DeviceIndex::default(),
+            &HashSet::new(),
             &[lease("10.5.2.0-24", "192.168.0.2", "alloc", None)],
         );
         assert!(d.skipped.is_empty());
@@ -658,6 +684,107 @@ mod tests {
         assert!(
             !s.owns_route(&d, &r("10.0.0.0/8", Some("10.5.2.0"), 10)),
             "wider than the network"
+        );
+        let through = |dst: &str, id: u32| Route::via_nexthop(dst.parse().unwrap(), id);
+        assert!(s.owns_route(&d, &through("10.5.2.0/24", 4_000_000_002)));
+        assert!(s.owns_route(&d, &through("fc00:0:0:2::/64", 4_100_000_002)));
+        assert!(
+            !s.owns_route(&d, &through("10.5.2.0/24", 7)),
+            "through another program's nexthop"
+        );
+        assert!(
+            !s.owns_route(&d, &through("10.5.1.0/24", 4_000_000_001)),
+            "own subnet"
+        );
+    }
+
+    #[test]
+    fn the_nexthop_style_gives_every_backend_a_nexthop_per_path_with_the_subnets_id() {
+        let mut s = spec(&dual());
+        s.style = RouteStyle::Nexthop;
+        let mut peer = lease(
+            "10.5.2.0-24&fc00:0:0:2::-64",
+            "192.168.0.2",
+            "vxlan",
+            Some("c6:d2:32:6f:8f:44"),
+        );
+        peer.attrs.public_ipv6 = "fd00::2".parse().ok();
+        peer.attrs.backend_v6_data = data("c6:d2:32:6f:8f:46");
+        let d = s.desired(&devs(), &HashSet::new(), std::slice::from_ref(&peer));
+        let e = &d.want.entries;
+        let gw: IpAddr = "10.5.2.0".parse().unwrap();
+        assert_eq!(
+            e.nexthops,
+            [
+                Nexthop::onlink(4_000_000_002, gw, 10),
+                Nexthop::onlink(4_100_000_002, "fc00:0:0:2::".parse().unwrap(), 11)
+            ]
+        );
+        assert_eq!(
+            e.routes,
+            [
+                Route::via_nexthop("10.5.2.0/24".parse().unwrap(), 4_000_000_002),
+                Route::via_nexthop("fc00:0:0:2::/64".parse().unwrap(), 4_100_000_002)
+            ]
+        );
+        assert_eq!(e.neighbours.len(), 2);
+        assert_eq!(e.fdb.len(), 2);
+        // host-gw: via the public address on the external interface, not onlink.
+        let cfg =
+            config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#).unwrap();
+        let mut own = own();
+        own.attrs.backend_type = "host-gw".into();
+        let none = settings(&[]);
+        let mut s = NodeSpec::derive(&none, &cfg, &ext(), &own, &fw(&none, &cfg))
+            .unwrap()
+            .datapath;
+        s.style = RouteStyle::Nexthop;
+        let d = s.desired(
+            &DeviceIndex::default(),
+            &HashSet::new(),
+            &[lease("10.5.2.0-24", "192.168.0.2", "host-gw", None)],
+        );
+        let mut via = Nexthop::onlink(4_000_000_002, "192.168.0.2".parse().unwrap(), 2);
+        via.onlink = false;
+        assert_eq!(d.want.entries.nexthops, [via]);
+        // An id another program's nexthop holds is left to it: a plain route instead.
+        let taken = HashSet::from([4_000_000_002]);
+        let d = s.desired(
+            &DeviceIndex::default(),
+            &taken,
+            &[lease("10.5.2.0-24", "192.168.0.2", "host-gw", None)],
+        );
+        assert!(d.want.entries.nexthops.is_empty());
+        assert_eq!(d.want.entries.routes[0].gw, "192.168.0.2".parse().ok());
+    }
+
+    #[test]
+    fn leases_outside_the_network_are_never_programmed() {
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let s = spec(&cfg);
+        let mac = Some("c6:d2:32:6f:8f:44");
+        let d = s.desired(
+            &devs(),
+            &HashSet::new(),
+            &[
+                lease("10.6.2.0-24", "192.168.0.2", "vxlan", mac),
+                lease("10.0.0.0-8", "192.168.0.3", "vxlan", mac),
+                lease("10.5.3.0-24", "192.168.0.4", "vxlan", mac),
+            ],
+        );
+        assert_eq!(d.want.entries.routes.len(), 1);
+        assert_eq!(d.want.entries.neighbours.len(), 1);
+        let outside: Vec<String> = d
+            .outside
+            .iter()
+            .map(|(k, s, n)| format!("{k} {s} {n}"))
+            .collect();
+        assert_eq!(
+            outside,
+            [
+                "10.6.2.0-24 10.6.2.0/24 10.5.0.0/16",
+                "10.0.0.0-8 10.0.0.0/8 10.5.0.0/16"
+            ]
         );
     }
 }

@@ -2,7 +2,9 @@
 //! on each, two pods per node through the stock flannel conflist: what an operator checks on a
 //! real cluster. Once against the embedded registry and once against a real etcd in the
 //! underlay, for vxlan, host-gw and vxlan with DirectRouting; vxlan and host-gw also with
-//! leases from Node objects (`--kube-subnet-mgr`, the API server stand-in in the underlay).
+//! leases from Node objects (`--kube-subnet-mgr`, the API server stand-in in the underlay). Routes
+//! go through nexthop objects; vxlan and host-gw run once more with plain routes
+//! (`FLANNELD_NEXTHOPS=false`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -47,9 +49,32 @@ impl Backend {
     }
 }
 
+/// How flanneld programs the routes to the other nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Style {
+    Nexthop,
+    Plain,
+}
+
+impl Style {
+    /// Sets node `index`'s flanneld to this style from its next start on.
+    fn set(self, c: &mut Cluster, index: u8) {
+        if self == Style::Plain {
+            c.set_flanneld_env(index, "FLANNELD_NEXTHOPS", "false");
+        }
+    }
+}
+
 /// The cluster with flanneld running on every node and two pods per node.
 fn cluster(prefix: &str, registry: Registry, config: &str, nodes: u8) -> Cluster {
+    cluster_in(Style::Nexthop, prefix, registry, config, nodes)
+}
+
+fn cluster_in(style: Style, prefix: &str, registry: Registry, config: &str, nodes: u8) -> Cluster {
     let mut c = Cluster::new(prefix, 77, nodes, registry, config);
+    for n in 1..=nodes {
+        style.set(&mut c, n);
+    }
     c.start_flanneld_everywhere(Path::new(FLANNELD), T);
     for n in 1..=nodes {
         c.add_pod(n);
@@ -184,8 +209,8 @@ fn etcd_in_the_underlay_three_nodes_lease_subnets_and_pods_on_a_node_reach_each_
 
 /// Every pod reaches every other (ping and TCP), routes go where the backend sends them,
 /// and pods carry FLANNEL_MTU.
-fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Backend) {
-    let mut c = cluster(prefix, registry, backend.config(), 3);
+fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Backend, style: Style) {
+    let mut c = cluster_in(style, prefix, registry, backend.config(), 3);
     c.wait_every_pod_reaches_every_other(&[Family::V4], T);
     assert_tcp_between_every_pair(&mut c);
     for n in c.nodes() {
@@ -202,6 +227,13 @@ fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Back
                 routes.len(),
                 1,
                 "node {}: routes to {subnet}: {routes:?}",
+                n.index
+            );
+            // Through a nexthop, `ip -j route` shows the nexthop's gateway and device too.
+            assert_eq!(
+                routes[0]["nhid"].is_u64(),
+                style == Style::Nexthop,
+                "node {}: {routes:?}",
                 n.index
             );
             if backend.via_underlay() {
@@ -228,11 +260,17 @@ fn every_pod_reaches_every_other(prefix: &str, registry: Registry, backend: Back
 
 /// A fourth node joins and is reached without restarting anyone; then the third node dies and
 /// its lease is deleted: its routes, neighbours and FDB entries leave every other node.
-fn a_node_joins_and_another_leaves(prefix: &str, registry: Registry, backend: Backend) {
-    let mut c = cluster(prefix, registry, backend.config(), 3);
+fn a_node_joins_and_another_leaves(
+    prefix: &str,
+    registry: Registry,
+    backend: Backend,
+    style: Style,
+) {
+    let mut c = cluster_in(style, prefix, registry, backend.config(), 3);
     c.wait_every_pod_reaches_every_other(&[Family::V4], T);
 
     let four = c.add_node();
+    style.set(&mut c, four);
     c.start_flanneld(four, Path::new(FLANNELD), &[]);
     c.node(four).wait_subnet_env(T);
     c.add_pod(four);
@@ -306,30 +344,42 @@ fn a_node_joins_and_another_leaves(prefix: &str, registry: Registry, backend: Ba
 }
 
 macro_rules! backend_tests {
-    ($($module:ident, $prefix:literal: $registry:expr, $backend:expr;)*) => {$(
+    ($($module:ident, $prefix:literal: $registry:expr, $backend:expr, $style:expr;)*) => {$(
         mod $module {
             use super::*;
 
             #[test]
             fn every_pod_reaches_every_other_pod_by_ping_and_tcp() {
-                every_pod_reaches_every_other(concat!($prefix, "m"), $registry, $backend);
+                every_pod_reaches_every_other(
+                    concat!($prefix, "m"),
+                    $registry,
+                    $backend,
+                    $style,
+                );
             }
 
             #[test]
             fn a_node_added_later_is_reached_and_a_deleted_lease_leaves_every_node() {
-                a_node_joins_and_another_leaves(concat!($prefix, "j"), $registry, $backend);
+                a_node_joins_and_another_leaves(
+                    concat!($prefix, "j"),
+                    $registry,
+                    $backend,
+                    $style,
+                );
             }
         }
     )*};
 }
 
 backend_tests! {
-    vxlan_embedded, "cve": Registry::Embedded, Backend::Vxlan;
-    vxlan_etcd, "cvx": Registry::Etcd, Backend::Vxlan;
-    host_gw_embedded, "che": Registry::Embedded, Backend::HostGw;
-    host_gw_etcd, "chx": Registry::Etcd, Backend::HostGw;
-    direct_routing_embedded, "cde": Registry::Embedded, Backend::DirectRouting;
-    direct_routing_etcd, "cdx": Registry::Etcd, Backend::DirectRouting;
-    vxlan_kube, "cvk": Registry::Kube, Backend::Vxlan;
-    host_gw_kube, "chk": Registry::Kube, Backend::HostGw;
+    vxlan_embedded, "cve": Registry::Embedded, Backend::Vxlan, Style::Nexthop;
+    vxlan_etcd, "cvx": Registry::Etcd, Backend::Vxlan, Style::Nexthop;
+    host_gw_embedded, "che": Registry::Embedded, Backend::HostGw, Style::Nexthop;
+    host_gw_etcd, "chx": Registry::Etcd, Backend::HostGw, Style::Nexthop;
+    direct_routing_embedded, "cde": Registry::Embedded, Backend::DirectRouting, Style::Nexthop;
+    direct_routing_etcd, "cdx": Registry::Etcd, Backend::DirectRouting, Style::Nexthop;
+    vxlan_kube, "cvk": Registry::Kube, Backend::Vxlan, Style::Nexthop;
+    host_gw_kube, "chk": Registry::Kube, Backend::HostGw, Style::Nexthop;
+    vxlan_plain_routes, "cvp": Registry::Embedded, Backend::Vxlan, Style::Plain;
+    host_gw_plain_routes, "chp": Registry::Embedded, Backend::HostGw, Style::Plain;
 }

@@ -1,6 +1,8 @@
 //! The datapath between two nodes on one link, each a namespace running flanneld over a shared
 //! registry directory: what the kernel holds for the other node, traffic across it, and the
-//! reconciler putting back what is taken away.
+//! reconciler putting back what is taken away. Routes go through nexthop objects (the kernel
+//! here has them); the tests that matter run once more with plain routes
+//! (`FLANNELD_NEXTHOPS=false`), the daemon's fallback.
 
 mod common;
 
@@ -12,18 +14,85 @@ const T: Duration = Duration::from_secs(30);
 /// Repairs of routes, neighbours and FDB entries must land within this.
 const REPAIR: Duration = Duration::from_secs(2);
 
+/// How the daemons under test program routes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Nexthop,
+    Plain,
+}
+
+impl Style {
+    fn env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Style::Nexthop => &[],
+            Style::Plain => &[("FLANNELD_NEXTHOPS", "false")],
+        }
+    }
+}
+
 struct Pair {
     a: Node,
     b: Node,
     da: Daemon,
     db: Daemon,
+    style: Style,
     /// The subnets' network addresses (the vxlan devices' addresses).
     net_a: String,
     net_b: String,
     sub_b: String,
 }
 
+/// The id of the nexthop of the path to `subnet` (`10.9.3.0/24`, `fc00:0:0:3::/64`) of the
+/// networks these tests use, 10.9.0.0/16 and fc00::/48: 4,000,000,000 (IPv6 4,100,000,000)
+/// plus the subnet's number in its network.
+fn nexthop_id(subnet: &str) -> u64 {
+    let addr = subnet.split('/').next().unwrap_or_default();
+    if addr.contains(':') {
+        let third = addr.split(':').nth(3).unwrap_or_default();
+        4_100_000_000 + u64::from_str_radix(third, 16).unwrap_or(0)
+    } else {
+        let third = addr.split('.').nth(2).unwrap_or_default();
+        4_000_000_000 + third.parse::<u64>().unwrap_or(0)
+    }
+}
+
+impl Pair {
+    /// a's route to b's subnet via `gw` on `dev` as `ip route show` prints it in the pair's
+    /// style (through a nexthop, `ip` shows the nexthop's gateway and device after its id).
+    fn route_to(&self, subnet: &str, gw: &str, dev: &str) -> String {
+        let onlink = if dev.starts_with("flannel") && !subnet.contains(':') {
+            " onlink"
+        } else {
+            ""
+        };
+        match self.style {
+            Style::Plain => format!("{subnet} via {gw} dev {dev}{onlink}"),
+            Style::Nexthop => format!(
+                "{subnet} nhid {} via {gw} dev {dev}{onlink}",
+                nexthop_id(subnet)
+            ),
+        }
+    }
+
+    /// a's vxlan route to b.
+    fn route_b(&self) -> String {
+        self.route_to(&self.sub_b, &self.net_b, "flannel.1")
+    }
+
+    /// a's vxlan route to b as `flanneld doctor` shows it.
+    fn doctor_route_b(&self) -> String {
+        match self.style {
+            Style::Plain => format!("{} via {} dev flannel.1 onlink", self.sub_b, self.net_b),
+            Style::Nexthop => format!("{} nhid {}", self.sub_b, nexthop_id(&self.sub_b)),
+        }
+    }
+}
+
 fn start(node: &Node, reg: &str, name: &str) -> Daemon {
+    start_in(Style::Nexthop, node, reg, name)
+}
+
+fn start_in(style: Style, node: &Node, reg: &str, name: &str) -> Daemon {
     Daemon::start(
         node,
         name,
@@ -40,7 +109,7 @@ fn start(node: &Node, reg: &str, name: &str) -> Daemon {
             "--healthz-port",
             "9106",
         ],
-        &[],
+        style.env(),
     )
 }
 
@@ -56,8 +125,22 @@ fn pair(prefix: &str, backend: &str) -> Pair {
     pair_with(prefix, backend, "", |_| {})
 }
 
+fn pair_in(style: Style, prefix: &str, backend: &str) -> Pair {
+    pair_styled(style, prefix, backend, "", |_| {})
+}
+
 /// A pair with `extra` network config keys, and `before` run on node a before its daemon starts.
 fn pair_with(prefix: &str, backend: &str, extra: &str, before: impl FnOnce(&Node)) -> Pair {
+    pair_styled(Style::Nexthop, prefix, backend, extra, before)
+}
+
+fn pair_styled(
+    style: Style,
+    prefix: &str,
+    backend: &str,
+    extra: &str,
+    before: impl FnOnce(&Node),
+) -> Pair {
     let (a, b) = Node::pair(prefix);
     let reg = a.path("registry");
     fs::create_dir_all(&reg).unwrap();
@@ -68,10 +151,11 @@ fn pair_with(prefix: &str, backend: &str, extra: &str, before: impl FnOnce(&Node
     .unwrap();
     before(&a);
     let reg = reg.display().to_string();
-    let da = start(&a, &reg, "a");
-    let db = start(&b, &reg, "b");
+    let da = start_in(style, &a, &reg, "a");
+    let db = start_in(style, &b, &reg, "b");
     let (sa, sb) = (da.subnet(T), db.subnet(T));
     Pair {
+        style,
         net_a: network_address(&sa),
         net_b: network_address(&sb),
         sub_b: key_of(&sb).replace('-', "/"),
@@ -136,6 +220,7 @@ fn firewall(node: &Node) -> String {
 fn snapshot(node: &Node) -> String {
     [
         node.ns.run("ip", &["route", "show"]),
+        node.ns.run("ip", &["nexthop", "show"]),
         node.ns.run("ip", &["neigh", "show", "dev", "flannel.1"]),
         node.ns.run("bridge", &["fdb", "show", "dev", "flannel.1"]),
         node.ns.run("ip", &["-d", "link", "show", "flannel.1"]),
@@ -147,7 +232,16 @@ fn snapshot(node: &Node) -> String {
 
 #[test]
 fn vxlan_programs_each_peer_and_carries_traffic() {
-    let p = pair("fva", r#"{"Type":"vxlan"}"#);
+    vxlan_programs_each_peer_and_carries_traffic_in(Style::Nexthop);
+}
+
+#[test]
+fn vxlan_programs_each_peer_and_carries_traffic_with_plain_routes() {
+    vxlan_programs_each_peer_and_carries_traffic_in(Style::Plain);
+}
+
+fn vxlan_programs_each_peer_and_carries_traffic_in(style: Style) {
+    let p = pair_in(style, "fva", r#"{"Type":"vxlan"}"#);
     let env = fs::read_to_string(&p.da.subnet_file).unwrap();
     assert!(env.contains("FLANNEL_MTU=1450\n"), "{env}");
     let dev = p.a.ns.run("ip", &["-d", "link", "show", "flannel.1"]);
@@ -179,12 +273,7 @@ fn vxlan_programs_each_peer_and_carries_traffic() {
         mac.unwrap_or_default()
     );
     assert!(lease.contains(&announced), "{lease}");
-    wait_has(
-        &p.a,
-        &["ip", "route", "show"],
-        &format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b),
-        T,
-    );
+    wait_has(&p.a, &["ip", "route", "show"], &p.route_b(), T);
     wait_has(
         &p.a,
         &["ip", "neigh", "show", "dev", "flannel.1"],
@@ -202,6 +291,26 @@ fn vxlan_programs_each_peer_and_carries_traffic() {
         &["ip", "neigh", "show", "dev", "flannel.1"],
         "PERMANENT"
     ));
+    // The route style, said first and held.
+    let nexthops = p.a.ns.run("ip", &["nexthop", "show"]);
+    match style {
+        Style::Nexthop => {
+            p.da.wait_log("routes through nexthop objects", T);
+            let want = format!(
+                "id {} via {} dev flannel.1 scope link proto boot onlink",
+                nexthop_id(&p.sub_b),
+                p.net_b
+            );
+            assert!(nexthops.contains(&want), "{want} not in {nexthops}");
+        }
+        Style::Plain => {
+            p.da.wait_log(
+                "plain routes: nexthop objects switched off (--nexthops=false)",
+                T,
+            );
+            assert!(nexthops.trim().is_empty(), "{nexthops}");
+        }
+    }
     // Through the overlay: device address to device address.
     wait_for("a ping across vxlan", T, || {
         ping(&p.a, &p.net_a, &p.net_b).then_some(())
@@ -210,8 +319,17 @@ fn vxlan_programs_each_peer_and_carries_traffic() {
 
 #[test]
 fn vxlan_puts_back_what_is_deleted_by_hand() {
-    let p = pair("fvr", r#"{"Type":"vxlan"}"#);
-    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    vxlan_puts_back_what_is_deleted_by_hand_in(Style::Nexthop);
+}
+
+#[test]
+fn vxlan_puts_back_what_is_deleted_by_hand_with_plain_routes() {
+    vxlan_puts_back_what_is_deleted_by_hand_in(Style::Plain);
+}
+
+fn vxlan_puts_back_what_is_deleted_by_hand_in(style: Style) {
+    let p = pair_in(style, "fvr", r#"{"Type":"vxlan"}"#);
+    let route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &route, T);
     wait_has(
         &p.a,
@@ -273,8 +391,17 @@ fn vxlan_puts_back_what_is_deleted_by_hand() {
 
 #[test]
 fn a_restart_changes_nothing_and_a_stale_route_is_removed() {
-    let mut p = pair("fvs", r#"{"Type":"vxlan"}"#);
-    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    a_restart_changes_nothing_and_a_stale_route_is_removed_in(Style::Nexthop);
+}
+
+#[test]
+fn a_restart_changes_nothing_and_a_stale_route_is_removed_with_plain_routes() {
+    a_restart_changes_nothing_and_a_stale_route_is_removed_in(Style::Plain);
+}
+
+fn a_restart_changes_nothing_and_a_stale_route_is_removed_in(style: Style) {
+    let mut p = pair_in(style, "fvs", r#"{"Type":"vxlan"}"#);
+    let route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &route, T);
     wait_has(
         &p.a,
@@ -296,7 +423,7 @@ fn a_restart_changes_nothing_and_a_stale_route_is_removed() {
         "onlink",
     ]);
     let reg = p.a.path("registry").display().to_string();
-    p.da = start(&p.a, &reg, "a");
+    p.da = start_in(style, &p.a, &reg, "a");
     p.da.wait_log("wrote", T);
     wait_for("the stale route to go", T, || {
         (!has(&p.a, &["ip", "route", "show"], "10.9.250.0/24")).then_some(())
@@ -312,8 +439,17 @@ fn a_restart_changes_nothing_and_a_stale_route_is_removed() {
 
 #[test]
 fn a_peer_that_leaves_is_removed() {
-    let mut p = pair("fvl", r#"{"Type":"vxlan"}"#);
-    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    a_peer_that_leaves_is_removed_in(Style::Nexthop);
+}
+
+#[test]
+fn a_peer_that_leaves_is_removed_with_plain_routes() {
+    a_peer_that_leaves_is_removed_in(Style::Plain);
+}
+
+fn a_peer_that_leaves_is_removed_in(style: Style) {
+    let mut p = pair_in(style, "fvl", r#"{"Type":"vxlan"}"#);
+    let route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &route, T);
     p.db.stop();
     fs::remove_file(p.a.path(&format!("registry/subnets/{}", p.sub_b.replace('/', "-")))).unwrap();
@@ -330,16 +466,28 @@ fn a_peer_that_leaves_is_removed() {
         &["ip", "neigh", "show", "dev", "flannel.1"],
         &p.net_b
     ));
+    wait_for("b's nexthop to leave a", T, || {
+        (!has(&p.a, &["ip", "nexthop", "show"], &p.net_b)).then_some(())
+    });
 }
 
 #[test]
 fn host_gw_routes_via_the_peer_and_direct_routing_does_too() {
+    host_gw_routes_via_the_peer_and_direct_routing_does_too_in(Style::Nexthop);
+}
+
+#[test]
+fn host_gw_routes_via_the_peer_and_direct_routing_does_too_with_plain_routes() {
+    host_gw_routes_via_the_peer_and_direct_routing_does_too_in(Style::Plain);
+}
+
+fn host_gw_routes_via_the_peer_and_direct_routing_does_too_in(style: Style) {
     for (prefix, backend) in [
         ("fvh", r#"{"Type":"host-gw"}"#),
         ("fvd", r#"{"Type":"vxlan","DirectRouting":true}"#),
     ] {
-        let p = pair(prefix, backend);
-        let route = format!("{} via 192.168.100.2 dev eth0", p.sub_b);
+        let p = pair_in(style, prefix, backend);
+        let route = p.route_to(&p.sub_b, "192.168.100.2", "eth0");
         wait_has(&p.a, &["ip", "route", "show"], &route, T);
         // An address of b's subnet on b answers through that route.
         let b_addr = p.net_b.replace(".0", ".1");
@@ -516,7 +664,7 @@ fn dual_stack_vxlan_puts_back_ipv6_entries_deleted_by_hand() {
     let p = pair_with("fv7", r#"{"Type":"vxlan"}"#, DUAL_STACK, |_| {});
     let sub_b6 = subnet6(&p.db);
     let net_b6 = sub_b6.split('/').next().unwrap_or_default().to_string();
-    let route = format!("{sub_b6} via {net_b6} dev flannel-v6.1");
+    let route = p.route_to(&sub_b6, &net_b6, "flannel-v6.1");
     let neigh = format!("{net_b6} lladdr");
     let route_show = ["ip", "-6", "route", "show"];
     let neigh_show = ["ip", "-6", "neigh", "show", "dev", "flannel-v6.1"];
@@ -524,7 +672,7 @@ fn dual_stack_vxlan_puts_back_ipv6_entries_deleted_by_hand() {
     wait_has(&p.a, &route_show, &route, T);
     wait_has(&p.a, &neigh_show, &neigh, T);
     wait_has(&p.a, &fdb_show, "dst fd00::2", T);
-    let v4_route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    let v4_route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &v4_route, T);
 
     deleted_and_back(
@@ -596,7 +744,7 @@ fn dual_stack_vxlan_puts_back_ipv6_entries_deleted_by_hand() {
 fn dual_stack_host_gw_puts_back_an_ipv6_route_deleted_by_hand() {
     let p = pair_with("fv8", r#"{"Type":"host-gw"}"#, DUAL_STACK, |_| {});
     let sub_b6 = subnet6(&p.db);
-    let route = format!("{sub_b6} via fd00::2 dev eth0");
+    let route = p.route_to(&sub_b6, "fd00::2", "eth0");
     wait_has(&p.a, &["ip", "-6", "route", "show"], &route, T);
     deleted_and_back(
         &p.a,
@@ -670,15 +818,25 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 #[test]
 fn metrics_move_with_leases_and_repairs() {
     let p = pair("fvp", r#"{"Type":"vxlan"}"#);
-    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    let route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &route, T);
-    wait_for("flanneld_leases_known 1 and one route", T, || {
-        let m = scrape(&p.a);
-        (sample(&m, "flanneld_leases_known") == Some(1.0)
-            && sample(&m, "flanneld_kernel_entries{kind=\"route\"}") == Some(1.0))
-        .then_some(())
-    });
+    wait_for(
+        "flanneld_leases_known 1, one route and one nexthop",
+        T,
+        || {
+            let m = scrape(&p.a);
+            (sample(&m, "flanneld_leases_known") == Some(1.0)
+                && sample(&m, "flanneld_kernel_entries{kind=\"route\"}") == Some(1.0)
+                && sample(&m, "flanneld_kernel_entries{kind=\"nexthop\"}") == Some(1.0))
+            .then_some(())
+        },
+    );
     let m = scrape(&p.a);
+    assert_eq!(
+        sample(&m, "flanneld_route_style{style=\"nexthop\"}"),
+        Some(1.0),
+        "{m}"
+    );
     assert!(
         sample(&m, "flanneld_lease_expiry_timestamp_seconds").unwrap_or(0.0) > 1.7e9,
         "{m}"
@@ -728,7 +886,7 @@ fn doctor_with(
 #[test]
 fn doctor_names_each_broken_entry() {
     let mut p = pair("fvx", r#"{"Type":"vxlan"}"#);
-    let route = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    let route = p.route_b();
     wait_has(&p.a, &["ip", "route", "show"], &route, T);
     wait_has(
         &p.a,
@@ -772,10 +930,7 @@ fn doctor_names_each_broken_entry() {
     let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
     assert_eq!(code, 1, "{text}");
     for want in [
-        format!(
-            "route      missing  {} via {} dev flannel.1 onlink",
-            p.sub_b, p.net_b
-        ),
+        format!("route      missing  {}", p.doctor_route_b()),
         format!("neighbour  missing  {}", p.net_b),
         "route      extra    10.9.250.0/24".to_string(),
         format!("fdb        missing  {mac} dst 192.168.100.2"),
@@ -867,4 +1022,213 @@ fn a_restart_under_a_continuous_ping_loses_no_packet() {
     let out = pinger.wait_with_output().expect("ping's output");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(" 0% packet loss"), "{text}");
+}
+
+#[test]
+fn a_nexthop_deleted_by_hand_is_back_with_its_routes_within_2_s() {
+    let p = pair_with("fvn", r#"{"Type":"vxlan"}"#, DUAL_STACK, |_| {});
+    let route = p.route_b();
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    let id = nexthop_id(&p.sub_b).to_string();
+    // The kernel takes the route with the nexthop, and announces only the nexthop's deletion.
+    p.a.ns.ip(&["nexthop", "del", "id", &id]);
+    wait_for(
+        "the nexthop deleted by hand to be back with its route",
+        REPAIR,
+        || {
+            (has(&p.a, &["ip", "nexthop", "show"], &format!("id {id} via"))
+                && has(&p.a, &["ip", "route", "show"], &route))
+            .then_some(())
+        },
+    );
+    let sub_b6 = subnet6(&p.db);
+    let net_b6 = sub_b6.split('/').next().unwrap_or_default().to_string();
+    let route6 = p.route_to(&sub_b6, &net_b6, "flannel-v6.1");
+    wait_has(&p.a, &["ip", "-6", "route", "show"], &route6, T);
+    deleted_and_back(
+        &p.a,
+        "the IPv6 nexthop",
+        &[
+            "ip",
+            "nexthop",
+            "del",
+            "id",
+            &nexthop_id(&sub_b6).to_string(),
+        ],
+        &["ip", "-6", "route", "show"],
+        &route6,
+    );
+    wait_for("both repairs counted", T, || {
+        (sample(
+            &scrape(&p.a),
+            "flanneld_entries_repaired_total{kind=\"nexthop\"}",
+        ) == Some(2.0))
+        .then_some(())
+    });
+    wait_for("a ping across vxlan after the repair", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+}
+
+#[test]
+fn a_go_style_plain_route_is_replaced_by_one_through_a_nexthop_without_losing_a_packet() {
+    let mut p = pair("fvo", r#"{"Type":"vxlan"}"#);
+    let route = p.route_b();
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    assert_eq!(p.da.stop().code(), Some(0));
+    // a as Go's flanneld leaves it: the same neighbour and FDB entry, a plain route (marked
+    // boot, as Go's netlink library marks it), and no nexthop.
+    let id = nexthop_id(&p.sub_b).to_string();
+    p.a.ns.ip(&["nexthop", "del", "id", &id]);
+    p.a.ns.ip(&[
+        "route",
+        "add",
+        &p.sub_b,
+        "via",
+        &p.net_b,
+        "dev",
+        "flannel.1",
+        "onlink",
+        "proto",
+        "boot",
+    ]);
+    let plain = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    assert!(has(&p.a, &["ip", "route", "show"], &plain));
+    wait_for("a ping across vxlan over the plain route", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+    // 100 pings 20 ms apart while our daemon starts and replaces the route.
+    let pinger =
+        p.a.ns
+            .command("ping")
+            .args([
+                "-c", "100", "-i", "0.02", "-W", "1", "-I", &p.net_a, &p.net_b,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ping");
+    std::thread::sleep(Duration::from_millis(200));
+    let reg = p.a.path("registry").display().to_string();
+    p.da = start(&p.a, &reg, "a");
+    wait_has(&p.a, &["ip", "route", "show"], &route, T);
+    let out = pinger.wait_with_output().expect("ping's output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(" 0% packet loss"), "{text}");
+    // Replaced in place: one route to b's subnet, through the nexthop.
+    let routes = p.a.ns.run("ip", &["route", "show", &p.sub_b]);
+    assert_eq!(routes.lines().count(), 1, "{routes}");
+    assert!(
+        p.da.log_text().contains("wrote 1 routes"),
+        "{}",
+        p.da.log_text()
+    );
+}
+
+#[test]
+fn a_lease_outside_the_network_is_skipped_and_said_once() {
+    let p = pair("fvy", r#"{"Type":"vxlan"}"#);
+    wait_has(&p.a, &["ip", "route", "show"], &p.route_b(), T);
+    // A lease in the registry for a subnet of another network (a node configured elsewhere).
+    let value = r#"{"Expiration":99999999999,"Lease":{"PublicIP":"192.168.100.77","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"02:00:00:00:07:07"}}}"#;
+    fs::write(p.a.path("registry/subnets/10.10.5.0-24"), value).unwrap();
+    let said =
+        "lease 10.10.5.0-24: its subnet 10.10.5.0/24 is outside the network 10.9.0.0/16; skipped";
+    p.da.wait_log(said, T);
+    // Another pass (a repair) says nothing new about it and programs nothing for it.
+    p.a.ns.ip(&["route", "del", &p.sub_b]);
+    wait_has(&p.a, &["ip", "route", "show"], &p.route_b(), REPAIR);
+    assert!(!has(&p.a, &["ip", "route", "show"], "10.10.5.0"));
+    assert!(!has(&p.a, &["ip", "nexthop", "show"], "10.10.5.0"));
+    assert!(!has(
+        &p.a,
+        &["ip", "neigh", "show", "dev", "flannel.1"],
+        "10.10.5.0"
+    ));
+    assert!(!has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel.1"],
+        "192.168.100.77"
+    ));
+    assert_eq!(
+        p.da.log_text().matches(said).count(),
+        1,
+        "{}",
+        p.da.log_text()
+    );
+}
+
+#[test]
+fn a_restart_rewrites_nothing() {
+    let mut p = pair_with("fvz", r#"{"Type":"vxlan"}"#, DUAL_STACK, |_| {});
+    let sub_b6 = subnet6(&p.db);
+    let net_b6 = sub_b6.split('/').next().unwrap_or_default().to_string();
+    wait_has(&p.a, &["ip", "route", "show"], &p.route_b(), T);
+    wait_has(
+        &p.a,
+        &["ip", "-6", "route", "show"],
+        &p.route_to(&sub_b6, &net_b6, "flannel-v6.1"),
+        T,
+    );
+    wait_has(
+        &p.a,
+        &["bridge", "fdb", "show", "dev", "flannel-v6.1"],
+        "dst fd00::2",
+        T,
+    );
+    let state = |n: &Node| {
+        [
+            n.ns.run("ip", &["-d", "nexthop", "show"]),
+            n.ns.run("ip", &["-d", "route", "show"]),
+            n.ns.run("ip", &["-d", "-6", "route", "show"]),
+            snapshot(n),
+        ]
+        .join("\n")
+    };
+    // IPv6 addresses (eth0's link-local, flannel-v6.1's) are announced again when their
+    // duplicate address detection ends.
+    wait_for("no tentative IPv6 address on a", T, || {
+        p.a.ns
+            .run("ip", &["-6", "addr", "show", "tentative"])
+            .trim()
+            .is_empty()
+            .then_some(())
+    });
+    let before = state(&p.a);
+    assert_eq!(p.da.stop().code(), Some(0));
+    // Every change the kernel announces from here on, while the daemon starts again.
+    let monitor =
+        p.a.ns
+            .command("ip")
+            .args(["-o", "monitor", "route", "nexthop", "neigh", "address"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ip monitor");
+    std::thread::sleep(Duration::from_millis(200));
+    let reg = p.a.path("registry").display().to_string();
+    p.da = start(&p.a, &reg, "a");
+    p.da.wait_log("wrote", T);
+    wait_for("the restarted daemon's first pass", T, || {
+        (sample(&scrape(&p.a), "flanneld_reconcile_runs_total").unwrap_or(0.0) >= 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let seen = monitor.wait_with_output().expect("ip monitor's output");
+    let seen = String::from_utf8_lossy(&seen.stdout);
+    let first: Vec<&str> = seen.lines().take(10).collect();
+    assert!(
+        first.is_empty(),
+        "the restart changed the kernel:\n{}",
+        first.join("\n")
+    );
+    assert_eq!(state(&p.a), before);
+    let log = p.da.log_text();
+    assert!(!log.contains("datapath:"), "{log}");
+    let m = scrape(&p.a);
+    for kind in ["route", "neighbour", "fdb", "nexthop"] {
+        let name = format!("flanneld_entries_repaired_total{{kind=\"{kind}\"}}");
+        assert_eq!(sample(&m, &name), Some(0.0), "{m}");
+    }
 }

@@ -62,7 +62,7 @@ fn env_for(cfg: &NetConfig, own: &SubnetKey) -> String {
 /// the config's families) wants in the kernel for `leases` under the network config `text`.
 fn desired_for(text: &str, own: &str, leases: &[Lease]) -> Desired {
     let (spec, devs) = local_for(text, own);
-    spec.desired(&devs, leases)
+    spec.desired(&devs, &Default::default(), leases)
 }
 
 /// This node's datapath as the daemon derives it, and its devices' indices.

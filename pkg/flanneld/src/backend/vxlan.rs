@@ -187,7 +187,7 @@ impl Backend for Vxlan {
 mod tests {
     use super::*;
     use crate::config;
-    use crate::entries::RouteStyle;
+    use crate::entries::{NexthopIds, RouteStyle};
     use cni_kernel::netlink::Route;
     use std::net::IpAddr;
 
@@ -287,7 +287,7 @@ mod tests {
     #[test]
     fn a_peer_gives_a_neighbour_an_fdb_entry_and_an_onlink_route() {
         let (b, e, d) = (vx(false), ext(), data());
-        let mut want = Want::new(RouteStyle::Plain, 1, true);
+        let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, true);
         let here = Here {
             ext: &e,
             dev: Some(10),
@@ -314,7 +314,7 @@ mod tests {
         assert!(why.contains("VtepMAC"), "{why}");
         // Before the device is made: nothing yet, and no complaint.
         let early = Here { ext: &e, dev: None };
-        let mut none = Want::new(RouteStyle::Plain, 1, true);
+        let mut none = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, true);
         b.peer(
             &early,
             &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
@@ -331,7 +331,7 @@ mod tests {
             ext: &e,
             dev: Some(10),
         };
-        let mut want = Want::new(RouteStyle::Plain, 2, true);
+        let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 2, true);
         b.peer(
             &here,
             &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),

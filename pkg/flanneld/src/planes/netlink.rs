@@ -1,21 +1,23 @@
-//! The datapath plane: the backend's devices, then the routes, neighbours and FDB entries the
-//! other nodes' leases call for. It reads what the kernel holds in the objects it owns,
+//! The datapath plane: the backend's devices, then the routes, neighbours, FDB entries and
+//! nexthop objects the other nodes' leases call for. It reads what the kernel holds in the objects it owns,
 //! computes the difference to what the spec and the leases call for, and writes only that, in
 //! batches.
 
 use crate::backend::api::Backend;
-use crate::entries::{self, diff, Entries};
+use crate::entries::{self, diff, owns_nexthop, Entries, RouteStyle};
 use crate::family::IpFamily;
 use crate::iface::{is_link_local, External};
 use crate::lease::LeaseAttrs;
+use crate::lease::SubnetKey;
 use crate::metrics::{self, METRICS};
 use crate::reconcile::{Leases, Others, Plane};
 use crate::report::Finding;
-use crate::spec::{DatapathSpec, Device, DeviceIndex};
+use crate::spec::{DatapathSpec, Desired, Device, DeviceIndex};
 use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Link};
 use cni_kernel::procsys::{self, Proto};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
@@ -30,6 +32,36 @@ fn random_mac() -> [u8; 6] {
     // Unicast, locally administered.
     m[0] = (m[0] & 0xfe) | 0x02;
     m
+}
+
+/// The route style this node uses, and why, as the first log lines say it: through nexthop
+/// objects unless `wanted` is false (`--nexthops=false`) or the kernel has none (before 5.3).
+/// Asked once, at start.
+pub async fn route_style(conn: &Conn, wanted: bool) -> (RouteStyle, String) {
+    if !wanted {
+        return (
+            RouteStyle::Plain,
+            "plain routes: nexthop objects switched off (--nexthops=false)".into(),
+        );
+    }
+    match conn.supports_nexthops().await {
+        Ok(true) => (
+            RouteStyle::Nexthop,
+            format!(
+                "routes through nexthop objects (ids from {} for IPv4, {} for IPv6, protocol boot)",
+                entries::NEXTHOP_IDS_V4,
+                entries::NEXTHOP_IDS_V6
+            ),
+        ),
+        Ok(false) => (
+            RouteStyle::Plain,
+            "plain routes: this kernel has no nexthop objects (they came with 5.3)".into(),
+        ),
+        Err(e) => (
+            RouteStyle::Plain,
+            format!("plain routes: asking the kernel for nexthop objects failed: {e}"),
+        ),
+    }
 }
 
 /// Makes a device as it must be; whether anything changed, and the link.
@@ -124,14 +156,23 @@ pub struct NetlinkPlane {
     devs: DeviceIndex,
     /// The device links as `examine` read them.
     seen: Vec<Link>,
+    /// The leases outside the network last said so, so that each is said once.
+    outside: HashSet<SubnetKey>,
 }
 
-/// What one pass changed.
+/// What one pass changed, per kind: routes, neighbours, FDB entries, nexthops.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Changes {
     device: bool,
-    put: [usize; 3],
-    removed: [usize; 3],
+    put: [usize; 4],
+    removed: [usize; 4],
+}
+
+/// What the kernel holds of the datapath's, and the ids of the nexthops in its range that
+/// another program made (left alone).
+struct Held {
+    entries: Entries,
+    taken: HashSet<u32>,
 }
 
 impl NetlinkPlane {
@@ -141,6 +182,7 @@ impl NetlinkPlane {
             spec,
             devs: DeviceIndex::default(),
             seen: Vec::new(),
+            outside: HashSet::new(),
         }
     }
 
@@ -157,8 +199,10 @@ impl NetlinkPlane {
         Ok(changed)
     }
 
-    /// What the kernel holds of what this datapath owns.
-    async fn read(&self) -> cni_kernel::Result<Entries> {
+    /// What the kernel holds of what this datapath owns. Its nexthops are read whatever the
+    /// style, so that ours left from a life with the other style are found and removed.
+    async fn read(&self) -> cni_kernel::Result<Held> {
+        let mut taken = HashSet::new();
         let mut have = Entries {
             routes: self
                 .conn
@@ -169,6 +213,13 @@ impl NetlinkPlane {
                 .collect(),
             ..Entries::default()
         };
+        for nh in self.conn.nexthops().await? {
+            if owns_nexthop(&nh) {
+                have.nexthops.push(nh);
+            } else if entries::is_our_nexthop_id(nh.id) {
+                taken.insert(nh.id);
+            }
+        }
         for &(_, dev) in &self.devs.0 {
             have.neighbours.extend(
                 self.conn
@@ -185,7 +236,23 @@ impl NetlinkPlane {
                     .filter(|f| f.dst.is_some()),
             );
         }
-        Ok(have)
+        Ok(Held {
+            entries: have,
+            taken,
+        })
+    }
+
+    /// Says once per lease that one is outside the network and is not programmed.
+    fn tell_outside(&mut self, want: &Desired) {
+        let now: HashSet<SubnetKey> = want.outside.iter().map(|(k, ..)| *k).collect();
+        for (key, subnet, network) in &want.outside {
+            if !self.outside.contains(key) {
+                warn!(
+                    "lease {key}: its subnet {subnet} is outside the network {network}; skipped, nothing is programmed for it"
+                );
+            }
+        }
+        self.outside = now;
     }
 
     /// One pass: the devices, then, with the leases known, every entry they call for.
@@ -199,18 +266,22 @@ impl NetlinkPlane {
             return Ok(changes);
         };
         let devices = started.elapsed();
-        let want = self.spec.desired(&self.devs, leases.values().map(|l| &**l));
+        let held = self.read().await?;
+        let read = started.elapsed();
+        let want = self
+            .spec
+            .desired(&self.devs, &held.taken, leases.values().map(|l| &**l));
         let entries = &want.want.entries;
         metrics::set(&METRICS.routes, entries.routes.len() as u64);
         metrics::set(&METRICS.neighbours, entries.neighbours.len() as u64);
         metrics::set(&METRICS.fdb, entries.fdb.len() as u64);
+        metrics::set(&METRICS.nexthops, entries.nexthops.len() as u64);
         for (key, why) in &want.skipped {
             debug!("lease {key} gives no entry: {why}");
         }
+        self.tell_outside(&want);
         let computed = started.elapsed();
-        let have = self.read().await?;
-        let read = started.elapsed();
-        let plan = diff(entries, &have);
+        let plan = diff(entries, &held.entries);
         let diffed = started.elapsed();
         if plan.is_empty() {
             return Ok(changes);
@@ -221,10 +292,10 @@ impl NetlinkPlane {
             warn!("{e}");
         }
         debug!(
-            "datapath pass: devices {devices:?}, desired {:?}, read {:?}, diff {:?}, write {:?}",
-            computed - devices,
-            read - computed,
-            diffed - read,
+            "datapath pass: devices {devices:?}, read {:?}, desired {:?}, diff {:?}, write {:?}",
+            read - devices,
+            computed - read,
+            diffed - computed,
             started.elapsed() - diffed
         );
         (changes.put, changes.removed) = plan.counts();
@@ -337,8 +408,9 @@ impl Plane for NetlinkPlane {
             }
             NlEvent::Neighbour { neighbour, .. } => ours(neighbour.device),
             NlEvent::Fdb { entry, .. } => ours(entry.device),
-            // The datapath keeps no nexthop objects yet.
-            NlEvent::Nexthop { .. } => false,
+            // Deleting one of ours deletes its routes too, of which the kernel announces
+            // nothing (IPv4).
+            NlEvent::Nexthop { nexthop, .. } => owns_nexthop(nexthop),
             NlEvent::Overflow => true,
         }
     }
@@ -369,17 +441,14 @@ impl Plane for NetlinkPlane {
                         metrics::add(&METRICS.repaired_routes, c.put[0] as u64);
                         metrics::add(&METRICS.repaired_neighbours, c.put[1] as u64);
                         metrics::add(&METRICS.repaired_fdb, c.put[2] as u64);
+                        metrics::add(&METRICS.repaired_nexthops, c.put[3] as u64);
                     }
                     if c != Changes::default() {
                         info!(
-                            "datapath: {} leases; wrote {} routes, {} neighbours, {} FDB entries; removed {} routes, {} neighbours, {} FDB entries{}",
+                            "datapath: {} leases; wrote {}; removed {}{}",
                             leases.len(),
-                            c.put[0],
-                            c.put[1],
-                            c.put[2],
-                            c.removed[0],
-                            c.removed[1],
-                            c.removed[2],
+                            tally(&c.put),
+                            tally(&c.removed),
                             if c.device { "; device mended" } else { "" }
                         );
                     }
@@ -392,7 +461,24 @@ impl Plane for NetlinkPlane {
     fn examine<'a>(&'a mut self, leases: &'a Leases) -> BoxFuture<'a, Vec<Finding>> {
         Box::pin(async move {
             let mut out = self.examine_devices().await;
-            let want = self.spec.desired(&self.devs, leases.values().map(|l| &**l));
+            let held = match self.read().await {
+                Ok(held) => Some(held),
+                Err(e) => {
+                    out.push(Finding::new("kernel", "wrong", e.to_string()));
+                    None
+                }
+            };
+            let taken = held.as_ref().map(|h| h.taken.clone()).unwrap_or_default();
+            let want = self
+                .spec
+                .desired(&self.devs, &taken, leases.values().map(|l| &**l));
+            for (key, subnet, network) in &want.outside {
+                out.push(Finding::new(
+                    "lease",
+                    "ok",
+                    format!("{key} skipped: {subnet} is outside the network {network}"),
+                ));
+            }
             for (key, why) in &want.skipped {
                 out.push(Finding::new(
                     "lease",
@@ -400,13 +486,18 @@ impl Plane for NetlinkPlane {
                     format!("{key} gives no entry: {why}"),
                 ));
             }
-            match self.read().await {
-                Ok(have) => out.extend(entries::findings(&want.want.entries, &have, &|i| {
+            if let Some(held) = held {
+                out.extend(entries::findings(&want.want.entries, &held.entries, &|i| {
                     self.name_of(i)
-                })),
-                Err(e) => out.push(Finding::new("kernel", "wrong", e.to_string())),
+                }));
             }
             out
         })
     }
+}
+
+/// `3 routes, 3 neighbours, 3 FDB entries, 3 nexthops`, from [`Changes`]' counts.
+fn tally(counts: &[usize; 4]) -> String {
+    let [routes, neighbours, fdb, nexthops] = counts;
+    format!("{routes} routes, {neighbours} neighbours, {fdb} FDB entries, {nexthops} nexthops")
 }
