@@ -103,9 +103,11 @@ fn hand_annotated(name: &str, cidr: &str, mac: &str, public_ip: &str) -> Value {
 /// Node `node` holds the route, neighbour and FDB entry of a vxlan peer.
 fn has_peer(node: &Node, subnet: &str, mac: &str, public_ip: &str) -> bool {
     let vtep = subnet.split('/').next().unwrap_or_default();
-    node.routes()
-        .lines()
-        .any(|l| l.starts_with(&format!("{subnet} via {vtep} dev flannel.1")))
+    // Through a nexthop object `ip route` shows its id before the nexthop's gateway.
+    node.routes().lines().any(|l| {
+        l.starts_with(&format!("{subnet} "))
+            && l.contains(&format!(" via {vtep} dev flannel.1 "))
+    })
         && node
             .neighbours()
             .lines()
