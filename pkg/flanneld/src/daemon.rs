@@ -264,7 +264,6 @@ async fn deliver(
     })
 }
 
-/// Runs until stopped or the lease is lost.
 /// What a host without `br_netfilter` means, for the warning at start (Go's flanneld stops
 /// there: flannel-io/flannel#2068).
 const BR_NETFILTER_ABSENT: &str = "/proc/sys/net/bridge is absent (br_netfilter is not loaded): \
@@ -272,6 +271,7 @@ flanneld does not need it, and pods still reach each other and the outside; but 
 between pods on one node's bridge then bypasses iptables, so kube-proxy's Services and \
 network policies may not see it (modprobe br_netfilter where they are used)";
 
+/// Runs until stopped or the lease is lost.
 pub async fn run<R: Registry>(
     reg: Arc<R>,
     settings: &Settings,
