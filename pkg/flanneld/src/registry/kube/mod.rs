@@ -1,0 +1,463 @@
+//! Leases from Kubernetes Node objects, kept as kube-flannel keeps them (`--kube-subnet-mgr`):
+//! a node's subnet is its `spec.podCIDR(s)`, assigned by the cluster; what other nodes need to
+//! reach it lives in its annotations under `--kube-annotation-prefix`. This node writes its own
+//! annotations with a strategic-merge PATCH of `nodes/<name>/status` and follows everyone
+//! else's through a list and a watch.
+//!
+//! The decisions are pure and tested beside their code: `node` reads a Node (the annotation
+//! names, this node's subnet, another node's lease), `patch` writes this node's status, `watch`
+//! keeps the other nodes' leases from a list through its watch. `client` only carries them to
+//! the API server; `KubeRegistry`, here, joins them behind the `Registry` trait and retries
+//! what fails. Per node only what a lease needs is kept, never the Node object.
+
+mod client;
+#[cfg(test)]
+mod fixtures;
+mod node;
+mod patch;
+mod watch;
+
+pub use client::{
+    classify, in_cluster_kubeconfig, KubeClient, KubeError, NodeEnv, Op, SERVICE_ACCOUNT_DIR,
+};
+pub use node::{
+    node_entry, node_lease, node_public_ips, own_attrs, own_subnet, pod_cidrs, Annotations,
+    Families, NodeMeta, NodeObject, NodeSpec, DEFAULT_PREFIX,
+};
+pub use patch::{annotation_patch, network_available_patch};
+pub use watch::{Delivery, NodeWatch, WatchStop};
+
+use crate::config::NetConfig;
+use crate::lease::{LeaseAttrs, SubnetKey};
+use crate::metrics::{self, METRICS};
+use crate::registry::{Change, LeaseRequest, Listing, Registry, RegistryError, WatchEnd};
+
+use futures::StreamExt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+type RegResult<T> = crate::registry::Result<T>;
+
+/// `--kube-subnet-mgr` and its flags.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    pub api_url: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub annotation_prefix: String,
+    pub set_node_network_unavailable: bool,
+    /// `--net-config-path`: the network config, as kube-flannel's ConfigMap mounts it.
+    pub net_config: PathBuf,
+}
+
+/// The Kubernetes API as the daemon's registry of leases: this node's name, the watch's state
+/// and where the network config is.
+pub struct KubeRegistry {
+    client: KubeClient,
+    node_name: String,
+    names: Annotations,
+    net_conf_path: PathBuf,
+    set_node_network_unavailable: bool,
+    watch: Mutex<Option<NodeWatch>>,
+}
+
+/// Log lines about the same failure come at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(30);
+/// Retries of a failed request wait from 200 ms up to this.
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// A failure logged once, then again only every `LOG_EVERY` while it lasts.
+#[derive(Default)]
+struct Quiet {
+    last: Option<Instant>,
+}
+
+impl Quiet {
+    fn due(&mut self) -> bool {
+        let due = self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
+        if due {
+            self.last = Some(Instant::now());
+        }
+        due
+    }
+}
+
+impl KubeRegistry {
+    pub fn new(
+        client: KubeClient,
+        node_name: String,
+        names: Annotations,
+        net_conf_path: PathBuf,
+        set_node_network_unavailable: bool,
+    ) -> KubeRegistry {
+        KubeRegistry {
+            client,
+            node_name,
+            names,
+            net_conf_path,
+            set_node_network_unavailable,
+            watch: Mutex::new(None),
+        }
+    }
+
+    /// Connects as the flags say and finds this node's name (through its pod when NODE_NAME
+    /// is unset), waiting while the API server does not answer; Err for what waiting does not
+    /// mend (no configuration, no name, a refusal).
+    pub async fn open(opts: &KubeOptions) -> Result<KubeRegistry, KubeError> {
+        let names = Annotations::new(&opts.annotation_prefix)
+            .map_err(|e| KubeError::Config(format!("--kube-annotation-prefix {e}")))?;
+        let client =
+            KubeClient::connect(opts.api_url.as_deref(), opts.kubeconfig.as_deref()).await?;
+        let env = NodeEnv::from_env();
+        let mut quiet = Quiet::default();
+        let node_name = loop {
+            match client.node_name(&env).await {
+                Ok(n) => break n,
+                Err(KubeError::Unavailable(e)) => {
+                    if quiet.due() {
+                        warn!("finding this node's name: {e}; retrying");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        info!(
+            "this node is {node_name:?} in the Kubernetes API at {}",
+            client.server()
+        );
+        Ok(KubeRegistry::new(
+            client,
+            node_name,
+            names,
+            opts.net_config.clone(),
+            opts.set_node_network_unavailable,
+        ))
+    }
+
+    /// Puts the addresses a user annotated this node with (`node-public-ip`,
+    /// `node-public-ipv6`) in place of `--public-ip` and `--public-ipv6`, as flanneld does
+    /// before it looks for the interface. A node that cannot be read at once keeps the flags'.
+    pub async fn apply_public_ips(&self, wanted: &mut crate::iface::Wanted) {
+        let read = tokio::time::timeout(Duration::from_secs(5), self.annotated_public_ips()).await;
+        match read {
+            Ok(Ok((v4, v6))) => {
+                if let Some(ip) = v4 {
+                    info!(
+                        "public address {ip} from annotation {}",
+                        self.names.node_public_ip
+                    );
+                    wanted.public_ip = Some(ip);
+                }
+                if let Some(ip) = v6 {
+                    info!(
+                        "public address {ip} from annotation {}",
+                        self.names.node_public_ipv6
+                    );
+                    wanted.public_ipv6 = Some(ip);
+                }
+            }
+            Ok(Err(KubeError::NotFound(_))) => {}
+            Ok(Err(e)) => warn!(
+                "reading node {:?}'s public address annotations: {e}",
+                self.node_name
+            ),
+            Err(_) => warn!(
+                "reading node {:?}'s public address annotations: no answer within 5 s",
+                self.node_name
+            ),
+        }
+    }
+
+    pub fn client(&self) -> &KubeClient {
+        &self.client
+    }
+
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    pub fn names(&self) -> &Annotations {
+        &self.names
+    }
+
+    pub fn net_conf_path(&self) -> &Path {
+        &self.net_conf_path
+    }
+
+    pub fn sets_node_network_unavailable(&self) -> bool {
+        self.set_node_network_unavailable
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<NodeWatch>> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This node's lease: its podCIDR, waited for while it has none; then its annotations
+    /// written as flanneld writes them, then (`--set-node-network-unavailable`) its condition.
+    /// Requests that fail are retried with backoff, logged once per 30 s; Err only for a
+    /// podCIDR the network config cannot hold, which waiting does not change.
+    pub async fn take_lease(
+        &self,
+        cfg: &NetConfig,
+        attrs: &LeaseAttrs,
+    ) -> Result<SubnetKey, String> {
+        let name = self.node_name.as_str();
+        let mut waiting = Quiet::default();
+        let mut failing = Quiet::default();
+        let mut delay = Duration::from_millis(200);
+        let mut fail = |what: String, delay: &mut Duration| {
+            metrics::inc(&METRICS.registry_errors);
+            if failing.due() {
+                warn!("{what}; retrying");
+            }
+            let d = *delay;
+            *delay = (*delay * 2).min(MAX_BACKOFF);
+            d
+        };
+        'again: loop {
+            let node = match self.client.node(name).await {
+                Ok(n) => n,
+                Err(KubeError::NotFound(_)) => {
+                    if waiting.due() {
+                        info!("node {name:?} is not in the Kubernetes API yet; waiting for it");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(e) => {
+                    let d = fail(format!("reading node {name:?}: {e}"), &mut delay);
+                    tokio::time::sleep(d).await;
+                    continue;
+                }
+            };
+            let key = match own_subnet(&node, cfg)? {
+                Some(k) => k,
+                None => {
+                    if waiting.due() {
+                        info!(
+                            "node {name:?} has no podCIDR yet; waiting for the cluster to assign                              one (the controller manager's --allocate-node-cidrs)"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            if let Some(patch) = annotation_patch(&node, attrs, &self.names) {
+                loop {
+                    match self.client.patch_node_status(name, &patch).await {
+                        Ok(()) => break,
+                        Err(KubeError::NotFound(_)) => continue 'again,
+                        Err(e) => {
+                            let d = fail(
+                                format!("writing node {name:?}'s annotations: {e}"),
+                                &mut delay,
+                            );
+                            tokio::time::sleep(d).await;
+                        }
+                    }
+                }
+                let written: Vec<&str> = patch["metadata"]["annotations"]
+                    .as_object()
+                    .map(|m| m.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                info!("wrote node {name:?}'s annotations {}", written.join(", "));
+            }
+            if self.set_node_network_unavailable {
+                loop {
+                    let patch = network_available_patch(k8s_openapi::chrono::Utc::now());
+                    match self.client.patch_node_status(name, &patch).await {
+                        Ok(()) => break,
+                        Err(KubeError::NotFound(_)) => continue 'again,
+                        Err(e) => {
+                            let d = fail(
+                                format!(
+                                    "setting node {name:?}'s NetworkUnavailable condition: {e}"
+                                ),
+                                &mut delay,
+                            );
+                            tokio::time::sleep(d).await;
+                        }
+                    }
+                }
+                info!("set node {name:?}'s condition NetworkUnavailable=False (FlannelIsUp)");
+            }
+            return Ok(key);
+        }
+    }
+
+    /// What this node's annotations say of it, for the VtepMAC to keep (flannel#1795);
+    /// None when the node cannot be read at once or carries no backend data.
+    pub async fn earlier_attrs(&self) -> Option<LeaseAttrs> {
+        let node = tokio::time::timeout(Duration::from_secs(5), self.client.node(&self.node_name))
+            .await
+            .ok()?
+            .ok()?;
+        own_attrs(&node, &self.names)
+    }
+
+    /// The addresses a user set for this node (`node-public-ip`, `node-public-ipv6`), which
+    /// take the place of `--public-ip` and `--public-ipv6`.
+    pub async fn annotated_public_ips(
+        &self,
+    ) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), KubeError> {
+        let node = self.client.node(&self.node_name).await?;
+        node_public_ips(&node, &self.names).map_err(KubeError::Refused)
+    }
+
+    /// Every node that is a lease, listed anew; the watch resumes from this listing.
+    pub async fn list_leases(&self, families: Families) -> Result<Listing, KubeError> {
+        let (nodes, rv) = self.client.list_nodes().await?;
+        let mut guard = self.lock();
+        let w = guard.get_or_insert_with(|| NodeWatch::new(self.names.clone(), families));
+        let d = w.listed(nodes, rv);
+        Ok(Listing {
+            entries: w.entries().cloned().collect(),
+            bad: d.bad,
+            revision: 0,
+        })
+    }
+
+    /// Follows the nodes from the last listing, sending every lease change, until a 410 asks
+    /// for a new listing (`Compacted`) or nobody listens. A broken connection, a server that
+    /// ends the watch or answers 5xx, is watched again from where it was, backing off.
+    pub async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let mut delay = Duration::from_millis(200);
+        let mut quiet = Quiet::default();
+        loop {
+            let rv = match self.lock().as_ref() {
+                Some(w) => w.resource_version().to_string(),
+                None => return WatchEnd::Broken("the nodes were never listed".into()),
+            };
+            let failure = match self.client.watch_nodes(&rv).await {
+                Err(e) => Some(e.to_string()),
+                Ok(mut events) => loop {
+                    let Some(item) = events.next().await else {
+                        break None;
+                    };
+                    let step = match item {
+                        Ok(ev) => match self.lock().as_mut() {
+                            Some(w) => w.event(ev),
+                            None => return WatchEnd::Broken("the nodes were never listed".into()),
+                        },
+                        Err(e) => break Some(e.to_string()),
+                    };
+                    match step {
+                        Ok(d) => {
+                            delay = Duration::from_millis(200);
+                            for b in &d.bad {
+                                warn!("skipping {}: {}", b.key, b.reason);
+                            }
+                            for c in d.changes {
+                                if tx.send(c).await.is_err() {
+                                    return WatchEnd::Closed;
+                                }
+                            }
+                        }
+                        Err(WatchStop::Expired(m)) => {
+                            info!("the watch on the nodes is too old ({m}); listing them again");
+                            return WatchEnd::Compacted(0);
+                        }
+                        Err(WatchStop::Failed(m)) => break Some(m),
+                    }
+                },
+            };
+            if let Some(why) = failure {
+                metrics::inc(&METRICS.registry_errors);
+                if quiet.due() {
+                    warn!(
+                        "watching the nodes at {}: {why}; retrying",
+                        self.client.server()
+                    );
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+impl KubeRegistry {
+    /// The families of the network config, for reading other nodes' annotations.
+    fn families(&self) -> Families {
+        std::fs::read_to_string(&self.net_conf_path)
+            .ok()
+            .and_then(|t| crate::config::parse(&t).ok())
+            .map(|c| Families::of(&c))
+            .unwrap_or(Families {
+                ipv4: true,
+                ipv6: false,
+            })
+    }
+}
+
+impl Registry for KubeRegistry {
+    fn describe(&self) -> String {
+        format!(
+            "the Kubernetes API at {} (node {:?})",
+            self.client.server(),
+            self.node_name
+        )
+    }
+
+    fn config_location(&self) -> String {
+        self.net_conf_path.display().to_string()
+    }
+
+    /// The network config is a file (the ConfigMap's net-conf.json), as in flanneld's kube mode.
+    async fn config(&self) -> RegResult<Option<Vec<u8>>> {
+        match std::fs::read(&self.net_conf_path) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RegistryError::Failed(format!(
+                "reading {}: {e}",
+                self.net_conf_path.display()
+            ))),
+        }
+    }
+
+    async fn list(&self) -> RegResult<Listing> {
+        self.list_leases(self.families())
+            .await
+            .map_err(|e| RegistryError::Failed(e.to_string()))
+    }
+
+    /// Subnets are the cluster's to assign: a node never creates one.
+    async fn create(&self, key: &SubnetKey, _: &str, _: Duration) -> RegResult<SystemTime> {
+        Err(RegistryError::Failed(format!(
+            "subnet {key}: in the Kubernetes mode a node's subnet is its podCIDR, assigned by the cluster"
+        )))
+    }
+
+    /// A podCIDR does not expire; the annotations stay until the node goes.
+    async fn renew(&self, _: &SubnetKey, _: &str, ttl: Duration) -> RegResult<SystemTime> {
+        Ok(SystemTime::now() + ttl)
+    }
+
+    /// A podCIDR is the cluster's; it goes with the Node.
+    async fn delete(&self, _: &SubnetKey) -> RegResult<()> {
+        Ok(())
+    }
+
+    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        self.follow(tx).await
+    }
+
+    /// This node's podCIDR, its annotations written: the cluster assigned the subnet.
+    async fn acquire(
+        &self,
+        req: &LeaseRequest<'_>,
+    ) -> std::result::Result<(SubnetKey, SystemTime), String> {
+        let key = self.take_lease(req.config, req.attrs).await?;
+        Ok((key, SystemTime::now() + req.ttl))
+    }
+
+    /// This node's own annotations, found by its name (its public address may be a user's
+    /// overwrite).
+    async fn earlier_lease(&self, _: &NetConfig, _: &crate::alloc::Node) -> Option<LeaseAttrs> {
+        self.earlier_attrs().await
+    }
+}
