@@ -105,13 +105,11 @@ fn has_peer(node: &Node, subnet: &str, mac: &str, public_ip: &str) -> bool {
     let vtep = subnet.split('/').next().unwrap_or_default();
     // Through a nexthop object `ip route` shows its id before the nexthop's gateway.
     node.routes().lines().any(|l| {
-        l.starts_with(&format!("{subnet} "))
-            && l.contains(&format!(" via {vtep} dev flannel.1 "))
-    })
-        && node
-            .neighbours()
-            .lines()
-            .any(|l| l.starts_with(&format!("{vtep} dev flannel.1 lladdr {mac}")))
+        l.starts_with(&format!("{subnet} ")) && l.contains(&format!(" via {vtep} dev flannel.1 "))
+    }) && node
+        .neighbours()
+        .lines()
+        .any(|l| l.starts_with(&format!("{vtep} dev flannel.1 lladdr {mac}")))
         && node.fdb().contains(&format!("{mac} dst {public_ip} "))
 }
 
