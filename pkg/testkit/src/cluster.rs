@@ -262,6 +262,8 @@ pub struct Node {
     /// restarts (`set_flanneld_env`, `set_flanneld_wrapper`).
     daemon_env: Vec<(String, String)>,
     daemon_wrapper: Vec<String>,
+    /// With `Registry::Kube`: flanneld gets no `--kubeconfig-file` (`set_flanneld_in_cluster`).
+    kube_in_cluster: bool,
 }
 
 impl Node {
@@ -953,6 +955,7 @@ impl Cluster {
             kube_user,
             daemon_env: Vec::new(),
             daemon_wrapper: Vec::new(),
+            kube_in_cluster: false,
         });
         if self.kube.is_some() {
             self.create_kube_node(index, true);
@@ -972,16 +975,20 @@ impl Cluster {
                 "--etcd-endpoints".into(),
                 self.etcd_url().unwrap_or_default().to_string(),
             ],
-            Registry::Kube => vec![
-                "--kube-subnet-mgr".into(),
-                "--kubeconfig-file".into(),
-                node.kube_user
-                    .as_ref()
-                    .map(|u| u.kubeconfig.display().to_string())
-                    .unwrap_or_default(),
-                "--net-config-path".into(),
-                self.net_conf_file().display().to_string(),
-            ],
+            Registry::Kube => {
+                let mut a: Vec<String> = vec!["--kube-subnet-mgr".into()];
+                if let Some(u) = node.kube_user.as_ref().filter(|_| !node.kube_in_cluster) {
+                    a.extend([
+                        "--kubeconfig-file".into(),
+                        u.kubeconfig.display().to_string(),
+                    ]);
+                }
+                a.extend([
+                    "--net-config-path".into(),
+                    self.net_conf_file().display().to_string(),
+                ]);
+                a
+            }
         };
         args.extend([
             "--iface".into(),
@@ -1045,6 +1052,13 @@ impl Cluster {
     /// program and arguments, then flanneld's path and arguments (e.g. `unshare -m ...`).
     pub fn set_flanneld_wrapper(&mut self, index: u8, wrapper: &[&str]) {
         self.node_mut(index).daemon_wrapper = wrapper.iter().map(|w| w.to_string()).collect();
+    }
+
+    /// With `Registry::Kube`: from its next start on, node `index`'s flanneld gets no
+    /// `--kubeconfig-file` and finds the API server as a pod does, through the in-cluster
+    /// configuration the test gives it (`KUBERNETES_SERVICE_HOST`, the service account's files).
+    pub fn set_flanneld_in_cluster(&mut self, index: u8) {
+        self.node_mut(index).kube_in_cluster = true;
     }
 
     /// Stops node `index`'s flanneld as systemd does, with SIGTERM, and waits up to `timeout`
