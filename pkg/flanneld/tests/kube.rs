@@ -2,13 +2,14 @@
 //! server stand-in in the underlay, a Node per node with its podCIDR. What kube-flannel's users
 //! would check: the annotations and the condition as flanneld writes them, a node annotated in
 //! flanneld's format read, the API server gone for a minute, a 410, a missing right, a missing
-//! or wrong podCIDR, this node deleted. (The full mesh, a node joining and one leaving run with
-//! the other registries in cluster.rs.)
+//! or wrong podCIDR, this node deleted, the node found through its pod, the service account
+//! used as a pod uses it, a user's node-public-ip and public-ip-overwrite. (The full mesh, a
+//! node joining and one leaving run with the other registries in cluster.rs.)
 
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::cluster::{kube_node_name, wait_for, Cluster, Node, Registry};
+use testkit::cluster::{kube_node_name, wait_for, Cluster, Family, Node, Registry};
 
 const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
 const T: Duration = Duration::from_secs(30);
@@ -16,6 +17,8 @@ const T: Duration = Duration::from_secs(30);
 const SETTLE: Duration = Duration::from_secs(5);
 const P: &str = "flannel.alpha.coreos.com/";
 const HEALTHZ: &[&str] = &["--healthz-ip", "127.0.0.1", "--healthz-port", "8285"];
+/// Where a pod's service account is mounted, as client-go reads it.
+const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 fn vxlan(net: u8) -> String {
     format!(r#"{{"Network":"10.{net}.0.0/16","Backend":{{"Type":"vxlan"}}}}"#)
@@ -467,4 +470,247 @@ fn this_node_deleted_ends_the_daemon_as_a_deleted_lease_does() {
     let code = wait_for("node 2's flanneld to exit", T, || c.flanneld_exit(2));
     assert_eq!(code, 1, "{}", c.node(2).log());
     assert!(c.flanneld_running(1));
+}
+
+#[test]
+fn without_node_name_the_node_is_the_one_its_pod_runs_on() {
+    let mut c = Cluster::new("kpn", 88, 2, Registry::Kube, &vxlan(88));
+    // As kube-flannel's DaemonSet gives them, NODE_NAME left out.
+    for (i, pod) in [(1, "flanneld-7xk2p"), (2, "flanneld-q9d4m")] {
+        c.set_flanneld_wrapper(i, &["env", "-u", "NODE_NAME"]);
+        c.set_flanneld_env(i, "POD_NAME", pod);
+        c.set_flanneld_env(i, "POD_NAMESPACE", "flannel-cni-rs");
+    }
+    c.kube()
+        .add_pod("flannel-cni-rs", "flanneld-7xk2p", "node1");
+
+    // Node 2's pod is not in the API yet: the daemon says which pod and ends.
+    c.start_flanneld(2, Path::new(FLANNELD), &[]);
+    let code = wait_for("node 2's flanneld to exit", T, || c.flanneld_exit(2));
+    assert_eq!(code, 2, "{}", c.node(2).log());
+    let log = c.node(2).log();
+    assert!(
+        log.contains(r#"get pods "flanneld-q9d4m""#) && log.contains("not found"),
+        "{log}"
+    );
+
+    c.kube()
+        .add_pod("flannel-cni-rs", "flanneld-q9d4m", "node2");
+    start_all(&mut c, &[]);
+    for n in c.nodes() {
+        let i = n.index;
+        n.wait_log(
+            &format!("this node is \"node{i}\" in the Kubernetes API"),
+            T,
+        );
+        let pod = if i == 1 {
+            "flanneld-7xk2p"
+        } else {
+            "flanneld-q9d4m"
+        };
+        let user = n.kube_user().unwrap().name.clone();
+        let gets: Vec<_> = c
+            .kube()
+            .requests()
+            .into_iter()
+            .filter(|r| r.user == user && r.verb == "get" && r.path.contains("/pods/"))
+            .collect();
+        assert!(
+            gets.iter().any(|r| r.code == 200
+                && r.path == format!("/api/v1/namespaces/flannel-cni-rs/pods/{pod}")),
+            "node {i}: {gets:?}"
+        );
+        // The lease is that node's podCIDR, and its annotations are on that Node.
+        let cidr = node_obj(&c, i)["spec"]["podCIDR"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(n.lease_key(T), testkit::cluster::subnet_key(&cidr));
+        assert!(
+            flannel_annotations(&c, i).contains(&("public-ip".into(), n.ip.clone())),
+            "node {i}: {:?}",
+            flannel_annotations(&c, i)
+        );
+    }
+    let mac1 = vxlan_mac(c.node(1));
+    let subnet1 = node_obj(&c, 1)["spec"]["podCIDR"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ip1 = c.node(1).ip.clone();
+    wait_for("node 2's entries for node 1", SETTLE, || {
+        has_peer(c.node(2), &subnet1, &mac1, &ip1).then_some(())
+    });
+}
+
+#[test]
+fn without_a_kubeconfig_the_daemon_uses_the_service_account_as_a_pod_does() {
+    let mut c = Cluster::new("kic", 89, 2, Registry::Kube, &vxlan(89));
+    // The service account's files, as the kubelet mounts them into the pod.
+    let sa = c.node(1).dir.join("serviceaccount");
+    assert!(
+        !sa.starts_with("/var"),
+        "{} would be hidden under the daemon's own /var",
+        sa.display()
+    );
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), &c.node(1).kube_user().unwrap().token).unwrap();
+    std::fs::copy(c.kube().ca_file(), sa.join("ca.crt")).unwrap();
+    std::fs::write(sa.join("namespace"), "flannel-cni-rs").unwrap();
+    // They appear at the path client-go reads only in the daemon's own mount namespace: its
+    // /var is a tmpfs holding just that directory.
+    let mount = format!(
+        "mount -t tmpfs -o mode=755 flanneld-var /var \
+         && mkdir -p {dir} && mount --bind '{sa}' {dir} && exec \"$0\" \"$@\"",
+        dir = SERVICE_ACCOUNT,
+        sa = sa.display()
+    );
+    c.set_flanneld_wrapper(
+        1,
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &mount,
+        ],
+    );
+    c.set_flanneld_in_cluster(1);
+    let api = c.kube().addr();
+    c.set_flanneld_env(1, "KUBERNETES_SERVICE_HOST", &api.ip().to_string());
+    c.set_flanneld_env(1, "KUBERNETES_SERVICE_PORT", &api.port().to_string());
+    let host_had_it = Path::new(SERVICE_ACCOUNT).exists();
+
+    start_all(&mut c, &[]);
+    let args = c.flanneld_args(1);
+    assert!(
+        !args
+            .iter()
+            .any(|a| a == "--kubeconfig-file" || a == "--kube-api-url"),
+        "node 1's flanneld has a way to the API server besides the in-cluster one: {args:?}"
+    );
+    c.node(1).wait_log(
+        &format!("this node is \"node1\" in the Kubernetes API at https://{api}/"),
+        T,
+    );
+    // Its requests carry the token from the file: the account the API server knows it by.
+    let user = c.node(1).kube_user().unwrap().name.clone();
+    wait_for(
+        &format!("node 1's flanneld to get, list, watch and patch as {user}"),
+        T,
+        || {
+            let verbs: Vec<String> = c
+                .kube()
+                .requests()
+                .into_iter()
+                .filter(|r| r.user == user && r.code < 300)
+                .map(|r| r.verb)
+                .collect();
+            ["get", "list", "watch", "patch"]
+                .iter()
+                .all(|v| verbs.iter().any(|w| w == v))
+                .then_some(())
+        },
+    );
+    let cidr = node_obj(&c, 1)["spec"]["podCIDR"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(c.node(1).lease_key(T), testkit::cluster::subnet_key(&cidr));
+    let mac1 = vxlan_mac(c.node(1));
+    let want_data = format!(r#"{{"VNI":1,"VtepMAC":"{mac1}"}}"#);
+    assert!(
+        flannel_annotations(&c, 1).contains(&("backend-data".into(), want_data)),
+        "{:?}",
+        flannel_annotations(&c, 1)
+    );
+    let ip1 = c.node(1).ip.clone();
+    wait_for("node 2's entries for node 1", SETTLE, || {
+        has_peer(c.node(2), &cidr, &mac1, &ip1).then_some(())
+    });
+    assert_eq!(
+        Path::new(SERVICE_ACCOUNT).exists(),
+        host_had_it,
+        "the service account's path changed outside the daemon's mount namespace"
+    );
+}
+
+#[test]
+fn a_users_node_public_ip_and_public_ip_overwrite_decide_where_peers_send() {
+    let mut c = Cluster::new("kpi", 90, 3, Registry::Kube, &vxlan(90));
+    // Node 2 is to be reached at a second address of its eth0 (node-public-ip, in place of
+    // --public-ip); node 3 at a third one, which its overwrite names, whatever its
+    // node-public-ip says: the overwrite is what flanneld writes as the public-ip.
+    c.node(2)
+        .ns
+        .ip(&["addr", "add", "192.168.90.102/24", "dev", "eth0"]);
+    for a in ["192.168.90.103/24", "192.168.90.203/24"] {
+        c.node(3).ns.ip(&["addr", "add", a, "dev", "eth0"]);
+    }
+    let annotate = |node: &str, pairs: &[(&str, &str)]| {
+        let ann: serde_json::Map<String, Value> = pairs
+            .iter()
+            .map(|(k, v)| (format!("{P}{k}"), Value::from(*v)))
+            .collect();
+        c.kube()
+            .patch_node(node, false, &json!({"metadata": {"annotations": ann}}))
+            .unwrap();
+    };
+    annotate("node2", &[("node-public-ip", "192.168.90.102")]);
+    annotate(
+        "node3",
+        &[
+            ("node-public-ip", "192.168.90.103"),
+            ("public-ip-overwrite", "192.168.90.203"),
+        ],
+    );
+    start_all(&mut c, &[]);
+
+    for (i, ip) in [(2, "192.168.90.102"), (3, "192.168.90.103")] {
+        c.node(i).wait_log(
+            &format!("public address {ip} from annotation {P}node-public-ip"),
+            T,
+        );
+    }
+    assert!(
+        !c.node(1).log().contains("from annotation"),
+        "{}",
+        c.node(1).log()
+    );
+    let announced = [
+        (1, c.node(1).ip.clone()),
+        (2, "192.168.90.102".to_string()),
+        (3, "192.168.90.203".to_string()),
+    ];
+    for (i, ip) in &announced {
+        let public = flannel_annotations(&c, *i)
+            .into_iter()
+            .find(|(k, _)| k == "public-ip")
+            .map(|(_, v)| v);
+        assert_eq!(public.as_deref(), Some(ip.as_str()), "node {i}'s public-ip");
+    }
+    // Every other node sends the node's traffic to the address it announced.
+    for n in c.nodes() {
+        for (i, ip) in announced.iter().filter(|(i, _)| *i != n.index) {
+            let subnet = node_obj(&c, *i)["spec"]["podCIDR"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let mac = vxlan_mac(c.node(*i));
+            wait_for(
+                &format!(
+                    "node {}'s route, neighbour and FDB entry to node {i} at {ip}",
+                    n.index
+                ),
+                SETTLE,
+                || has_peer(n, &subnet, &mac, ip).then_some(()),
+            );
+        }
+    }
+    for i in 1..=3 {
+        c.add_pod(i);
+    }
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
 }
