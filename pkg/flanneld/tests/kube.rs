@@ -559,23 +559,15 @@ fn without_a_kubeconfig_the_daemon_uses_the_service_account_as_a_pod_does() {
     std::fs::write(sa.join("namespace"), "flannel-cni-rs").unwrap();
     // They appear at the path client-go reads only in the daemon's own mount namespace: its
     // /var is a tmpfs holding just that directory.
-    let mount = format!(
-        "mount -t tmpfs -o mode=755 flanneld-var /var \
-         && mkdir -p {dir} && mount --bind '{sa}' {dir} && exec \"$0\" \"$@\"",
-        dir = SERVICE_ACCOUNT,
-        sa = sa.display()
-    );
-    c.set_flanneld_wrapper(
+    c.set_flanneld_mounts(
         1,
-        &[
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &mount,
-        ],
+        &format!(
+            "mount -t tmpfs -o mode=755 flanneld-var /var\n\
+             mkdir -p {dir}\n\
+             mount --bind '{sa}' {dir}",
+            dir = SERVICE_ACCOUNT,
+            sa = sa.display()
+        ),
     );
     c.set_flanneld_in_cluster(1);
     let api = c.kube().addr();

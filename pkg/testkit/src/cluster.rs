@@ -1054,6 +1054,25 @@ impl Cluster {
         self.node_mut(index).daemon_wrapper = wrapper.iter().map(|w| w.to_string()).collect();
     }
 
+    /// Starts node `index`'s flanneld from its next start on in a mount namespace of its own
+    /// (`unshare -m`, nothing propagating back), after the shell commands `setup` arranged its
+    /// mounts there; the first of them to fail ends the start.
+    pub fn set_flanneld_mounts(&mut self, index: u8, setup: &str) {
+        let script = format!("set -e\n{setup}\nexec \"$0\" \"$@\"");
+        self.set_flanneld_wrapper(
+            index,
+            &[
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+    }
+
     /// With `Registry::Kube`: from its next start on, node `index`'s flanneld gets no
     /// `--kubeconfig-file` and finds the API server as a pod does, through the in-cluster
     /// configuration the test gives it (`KUBERNETES_SERVICE_HOST`, the service account's files).
