@@ -242,12 +242,23 @@ fn devices_routes_and_pods(c: &Cluster, s: &Setup) {
             );
         }
     }
-    wait_for("every node's routes to every other node", T, || {
-        c.nodes()
-            .iter()
-            .all(|n| routes_are_right(c, s, n).is_ok())
-            .then_some(())
-    });
+    let mut wrong = String::new();
+    let start = Instant::now();
+    let settled = loop {
+        match c.nodes().iter().try_for_each(|n| routes_are_right(c, s, n)) {
+            Ok(()) => break true,
+            Err(e) if start.elapsed() > T => {
+                wrong = e;
+                break false;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    assert!(
+        settled,
+        "gave up after {T:?} waiting for every node's routes to every other node: {wrong}\n{}",
+        c.describe()
+    );
     for p in c.pods() {
         let node = c.node(p.node);
         assert_eq!(
