@@ -492,6 +492,7 @@ mod tests {
             k: &SubnetKey,
             _: &str,
             _: Duration,
+            _: i64,
         ) -> crate::registry::Result<SystemTime> {
             Err(RegistryError::Exists(*k))
         }

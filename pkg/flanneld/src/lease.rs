@@ -91,6 +91,13 @@ impl SubnetKey {
         Ok(SubnetKey { ipv4, ipv6 })
     }
 
+    /// Whether the two leases overlap in either family: they cannot both be held.
+    pub fn shares_a_subnet_with(&self, other: &SubnetKey) -> bool {
+        let v4 = matches!((self.ipv4, other.ipv4), (Some(a), Some(b)) if a.overlaps(b));
+        let v6 = matches!((self.ipv6, other.ipv6), (Some(a), Some(b)) if a.overlaps(b));
+        v4 || v6
+    }
+
     /// The subnet of one family, if the lease holds one.
     pub fn subnet(&self, family: IpFamily) -> Option<IpNetwork> {
         match family {
@@ -231,6 +238,19 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_that_differ_can_still_share_a_subnet_of_one_family() {
+        let k = |t: &str| SubnetKey::parse(t).unwrap();
+        let dual = k("10.5.52.0-24&fc00:0:0:1::-64");
+        assert!(dual.shares_a_subnet_with(&k("10.5.53.0-24&fc00:0:0:1::-64")));
+        assert!(dual.shares_a_subnet_with(&k("10.5.52.0-24&fc00:0:0:2::-64")));
+        assert!(dual.shares_a_subnet_with(&k("10.5.52.0-24")));
+        assert!(dual.shares_a_subnet_with(&k("0.0.0.0-0&fc00:0:0:1::-64")));
+        assert!(!dual.shares_a_subnet_with(&k("10.5.53.0-24&fc00:0:0:2::-64")));
+        assert!(!dual.shares_a_subnet_with(&k("0.0.0.0-0&fc00:0:0:2::-64")));
+        assert!(!k("10.5.52.0-24").shares_a_subnet_with(&k("0.0.0.0-0&fc00::-64")));
+    }
 
     #[test]
     fn keys_are_written_and_read_as_flannel_does() {

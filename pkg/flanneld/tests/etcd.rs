@@ -109,6 +109,53 @@ fn ten_daemons_started_at_once_get_distinct_subnets() {
     }
 }
 
+/// A key names both families, so two nodes can choose different keys that share one subnet:
+/// creating a lease must fail when another was created since the listing it was chosen from.
+#[test]
+fn ten_dual_stack_daemons_started_at_once_share_no_subnet_of_either_family() {
+    let node = Node::new("fdx");
+    node.ns
+        .ip(&["addr", "add", "fd00::1/64", "dev", "eth0", "nodad"]);
+    let etcd = Etcd::start(&node);
+    // Large IPv4 and small IPv6 ranges (and the reverse), so that the random picks of one
+    // family collide while the keys differ by the other.
+    let configs = [
+        r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:5::/60","Backend":{"Type":"alloc"}}"#,
+        r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.1.0","SubnetMax":"10.5.12.0","EnableIPv6":true,"IPv6Network":"fc00:5::/48","Backend":{"Type":"alloc"}}"#,
+    ];
+    for (round, config) in configs.iter().enumerate() {
+        etcd.delete_prefix(&node, &format!("{PREFIX}/subnets/"));
+        etcd.put(&node, &format!("{PREFIX}/config"), config);
+        let mut daemons: Vec<Daemon> = (0..10)
+            .map(|i| {
+                daemon(
+                    &node,
+                    &etcd,
+                    &format!("x{round}-{i}"),
+                    &format!("192.168.100.{}", 20 + i),
+                    &["--public-ipv6", &format!("fd00::{}", 20 + i)],
+                )
+            })
+            .collect();
+        let mut v4 = HashSet::new();
+        let mut v6 = HashSet::new();
+        for d in &daemons {
+            v4.insert(d.subnet(T));
+            let env = std::fs::read_to_string(&d.subnet_file).unwrap_or_default();
+            let six = env
+                .lines()
+                .find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))
+                .unwrap_or_else(|| panic!("no FLANNEL_IPV6_SUBNET in {env}"));
+            v6.insert(six.to_string());
+        }
+        assert_eq!((v4.len(), v6.len()), (10, 10), "{config}: {v4:?} {v6:?}");
+        assert_eq!(etcd.lease_keys(&node).len(), 10, "{config}");
+        for d in &mut daemons {
+            assert!(d.running(), "a daemon exited:\n{}", d.log_text());
+        }
+    }
+}
+
 #[test]
 fn leases_written_as_flanneld_writes_them_are_nodes_and_bad_ones_are_skipped() {
     let node = Node::new("fdf");

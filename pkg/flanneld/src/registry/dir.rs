@@ -146,13 +146,22 @@ impl DirRegistry {
 
     fn create_now(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let _lock = self.lock()?;
-        let path = self.subnets().join(key.to_string());
-        match Self::read_lease(&path) {
-            Ok(f) if f.expiration > epoch_secs(SystemTime::now()) => {
-                return Err(RegistryError::Exists(*key))
+        let now = epoch_secs(SystemTime::now());
+        let dir = self.subnets();
+        let rd = fs::read_dir(&dir).map_err(|e| failed(format!("listing {}", dir.display()), e))?;
+        // Any live lease sharing either subnet, under its own key or another one.
+        for ent in rd.flatten() {
+            let name = ent.file_name().to_string_lossy().into_owned();
+            let Ok(held) = SubnetKey::parse(&name) else {
+                continue;
+            };
+            if !held.shares_a_subnet_with(key) {
+                continue;
             }
-            Err(_) if path.exists() => return Err(RegistryError::Exists(*key)),
-            _ => {}
+            match Self::read_lease(&ent.path()) {
+                Ok(f) if f.expiration <= now => {}
+                _ => return Err(RegistryError::Exists(*key)),
+            }
         }
         self.write_lease(key, value, ttl)
     }
@@ -196,7 +205,13 @@ impl Registry for DirRegistry {
         self.blocking(|r| r.list_now()).await
     }
 
-    async fn create(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+    async fn create(
+        &self,
+        key: &SubnetKey,
+        value: &str,
+        ttl: Duration,
+        _: i64,
+    ) -> Result<SystemTime> {
         let (key, value) = (*key, value.to_string());
         self.blocking(move |r| r.create_now(&key, &value, ttl))
             .await
@@ -256,5 +271,38 @@ impl Registry for DirRegistry {
                 last = Some(now);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_sharing_either_subnet_of_a_live_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let reg = DirRegistry::open(dir.path(), &dir.path().join("none")).unwrap();
+        let k = |t: &str| SubnetKey::parse(t).unwrap();
+        let ttl = Duration::from_secs(60);
+        let value = r#"{"PublicIP":"192.168.0.2","BackendType":"alloc"}"#;
+        reg.create_now(&k("10.5.1.0-24&fc00:0:0:1::-64"), value, ttl)
+            .unwrap();
+        for taken in [
+            "10.5.1.0-24&fc00:0:0:1::-64",
+            "10.5.2.0-24&fc00:0:0:1::-64",
+            "10.5.1.0-24&fc00:0:0:2::-64",
+        ] {
+            assert_eq!(
+                reg.create_now(&k(taken), value, ttl),
+                Err(RegistryError::Exists(k(taken)))
+            );
+        }
+        reg.create_now(&k("10.5.2.0-24&fc00:0:0:2::-64"), value, ttl)
+            .unwrap();
+        // An expired lease holds nothing.
+        reg.write_lease(&k("10.5.3.0-24&fc00:0:0:3::-64"), value, Duration::ZERO)
+            .unwrap();
+        reg.create_now(&k("10.5.4.0-24&fc00:0:0:3::-64"), value, ttl)
+            .unwrap();
     }
 }

@@ -163,11 +163,24 @@ impl Registry for EtcdRegistry {
         })
     }
 
-    async fn create(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+    async fn create(
+        &self,
+        key: &SubnetKey,
+        value: &str,
+        ttl: Duration,
+        listed: i64,
+    ) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
+        // The key must be free, and no lease created since the listing: another node's new
+        // key may differ from ours and still share its IPv4 or IPv6 subnet.
+        let prefix = self.subnets_prefix();
         let txn = Txn::new()
-            .when([Compare::version(path.as_str(), CompareOp::Equal, 0)])
+            .when([
+                Compare::version(path.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(prefix.as_str(), CompareOp::Less, listed + 1)
+                    .with_prefix(),
+            ])
             .and_then([TxnOp::put(
                 path.as_str(),
                 value,

@@ -57,7 +57,7 @@ pub enum WatchEnd {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegistryError {
-    /// The lease's key is already held (the create lost a race).
+    /// The lease's key, or one of its subnets, is already held (the create lost a race).
     Exists(SubnetKey),
     Failed(String),
 }
@@ -100,12 +100,16 @@ pub trait Registry: Send + Sync + 'static {
 
     fn list(&self) -> impl Future<Output = Result<Listing>> + Send;
 
-    /// Creates the lease only if its key is free; returns its expiry.
+    /// Creates the lease only if no lease holds either of its subnets; returns its expiry.
+    /// `listed` is the revision of the listing the subnet was chosen from: a registry that
+    /// has revisions refuses the create when any lease was created after it, since a key
+    /// names both families and two nodes may choose different keys that share one subnet.
     fn create(
         &self,
         key: &SubnetKey,
         value: &str,
         ttl: Duration,
+        listed: i64,
     ) -> impl Future<Output = Result<SystemTime>> + Send;
 
     /// Writes the lease with a fresh TTL; returns its expiry.
@@ -230,12 +234,12 @@ pub async fn choose_and_create<R: Registry>(
         }
         let (key, result) = match plan.action {
             Action::Reuse(k) => (k, reg.renew(&k, &value, req.ttl).await),
-            Action::Create(k) => (k, reg.create(&k, &value, req.ttl).await),
+            Action::Create(k) => (k, reg.create(&k, &value, req.ttl, listing.revision).await),
         };
         match result {
             Ok(expiry) => return (key, expiry),
             Err(RegistryError::Exists(k)) => {
-                info!("subnet {k} was leased by another node meanwhile; choosing again");
+                info!("subnet {k}: another node took a lease meanwhile; choosing again");
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(10..200))).await;
             }
             Err(e) => {

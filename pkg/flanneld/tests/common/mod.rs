@@ -252,6 +252,11 @@ impl Etcd {
         self.ctl_ok(node, &["put", key, "--", value]);
     }
 
+    /// Deletes every key under `prefix`.
+    pub fn delete_prefix(&self, node: &Node, prefix: &str) {
+        self.ctl_ok(node, &["del", "--prefix", prefix]);
+    }
+
     /// The value under `key`, or None.
     pub fn get(&self, node: &Node, key: &str) -> Option<String> {
         let out = self.ctl_ok(node, &["get", "--print-value-only", key]);

@@ -426,7 +426,7 @@ impl Registry for KubeRegistry {
     }
 
     /// Subnets are the cluster's to assign: a node never creates one.
-    async fn create(&self, key: &SubnetKey, _: &str, _: Duration) -> RegResult<SystemTime> {
+    async fn create(&self, key: &SubnetKey, _: &str, _: Duration, _: i64) -> RegResult<SystemTime> {
         Err(RegistryError::Failed(format!(
             "subnet {key}: in the Kubernetes mode a node's subnet is its podCIDR, assigned by the cluster"
         )))
