@@ -1,9 +1,9 @@
 //! Leases as the daemon takes them from etcd (a watch event or a listing: the key's last element
 //! and the value's bytes), one per line as `<key> <value>`; a line with a key alone deletes it.
 //! Each goes into the lease view, then every lease it holds into the vxlan and host-gw
-//! datapaths' wanted entries and into the subnet choice of a starting node. Property: a value
-//! that decodes re-encodes to a value that decodes to an equal lease, and that encoding is
-//! stable.
+//! datapaths' wanted entries (plain routes and routes through nexthop objects, one id of which
+//! another program holds) and into the subnet choice of a starting node. Property: a value that
+//! decodes re-encodes to a value that decodes to an equal lease, and that encoding is stable.
 #![no_main]
 
 use flanneld::alloc::{self, Node};
@@ -16,6 +16,7 @@ use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::spec::{DatapathSpec, DeviceIndex, FamilySpec};
 use flanneld::view::LeaseView;
 use libfuzzer_sys::fuzz_target;
+use std::collections::HashSet;
 
 const VXLAN: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48",
 "Backend":{"Type":"vxlan","DirectRouting":true}}"#;
@@ -24,7 +25,7 @@ const HOST_GW: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network
 const OWN: &str = "10.5.1.0-24&fc00:0:0:1::-64";
 
 /// This node's datapath under the config `text`, on eth0 (192.168.64.1/24, fd00::1/64).
-fn datapath(text: &str, own: SubnetKey) -> DatapathSpec {
+fn datapath(text: &str, own: SubnetKey, style: RouteStyle) -> DatapathSpec {
     let cfg = config::parse(text).expect("the fixed config parses");
     let families = cfg
         .families()
@@ -54,7 +55,7 @@ fn datapath(text: &str, own: SubnetKey) -> DatapathSpec {
         },
         own,
         families,
-        style: RouteStyle::default(),
+        style,
     }
 }
 
@@ -86,8 +87,15 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let devs = DeviceIndex(vec![(IpFamily::V4, 3), (IpFamily::V6, 4)]);
-    for text in [VXLAN, HOST_GW] {
-        let dp = datapath(text, own);
+    // Another program holds the nexthop id 10.5.2.0/24 would get.
+    let taken = HashSet::from([4_000_000_002]);
+    for (text, style) in [
+        (VXLAN, RouteStyle::Plain),
+        (VXLAN, RouteStyle::Nexthop),
+        (HOST_GW, RouteStyle::Plain),
+        (HOST_GW, RouteStyle::Nexthop),
+    ] {
+        let dp = datapath(text, own, style);
         for lease in view.leases() {
             for family in [IpFamily::V4, IpFamily::V6] {
                 let _ = dp
@@ -95,7 +103,7 @@ fuzz_target!(|data: &[u8]| {
                     .announced_mac(lease.attrs.backend_data_of(family));
             }
         }
-        let _ = dp.desired(&devs, view.leases());
+        let _ = dp.desired(&devs, &taken, view.leases());
     }
     let cfg = config::parse(VXLAN).expect("the fixed config parses");
     let leases: Vec<Lease> = view.leases().cloned().collect();
