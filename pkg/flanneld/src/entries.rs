@@ -12,6 +12,7 @@
 use crate::report::Finding;
 use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Nexthop, Route, Write, PROTOCOL_BOOT};
 use ipnetwork::IpNetwork;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::hash::Hash;
@@ -379,32 +380,49 @@ impl<T> KindPlan<'_, T> {
 /// place where the kind allows it, else removed first; a held entry under a key nobody wants,
 /// or beside the right one under its key, is removed.
 pub fn diff_kind<'a, T: Kind>(want: &'a [T], have: &'a [T]) -> KindPlan<'a, T> {
-    let mut held: HashMap<T::Key, Vec<&T>> = HashMap::with_capacity(have.len());
-    for h in have {
-        held.entry(h.key()).or_default().push(h);
+    // Per wanted key: its last wanted entry and what the kernel holds under it (nearly always
+    // one entry, so the others are in a Vec that is empty, unallocated, almost everywhere).
+    // One table looked up three times per entry: at 50,000 nodes the table is the diff's cost.
+    struct Slot<'a, T> {
+        want: &'a T,
+        held: Option<&'a T>,
+        more: Vec<&'a T>,
     }
-    let wanted: HashMap<T::Key, &T> = want.iter().map(|w| (w.key(), w)).collect();
-    let mut plan = KindPlan::default();
+    let mut slots: HashMap<T::Key, Slot<'a, T>> = HashMap::with_capacity(want.len());
     for w in want {
-        let key = w.key();
-        if !wanted.get(&key).is_some_and(|last| std::ptr::eq(*last, w)) {
-            continue;
-        }
-        match held.get(&key) {
-            None => plan.put.push(w),
-            Some(hs) if hs.iter().any(|h| w.fits(h)) => {
-                plan.remove.extend(hs.iter().filter(|h| !w.fits(h)));
-            }
-            Some(hs) => {
-                if !T::SET_REPLACES {
-                    plan.remove.extend(hs.iter());
-                }
-                plan.put.push(w);
+        match slots.entry(w.key()) {
+            Entry::Occupied(mut e) => e.get_mut().want = w,
+            Entry::Vacant(e) => {
+                e.insert(Slot {
+                    want: w,
+                    held: None,
+                    more: Vec::new(),
+                });
             }
         }
     }
-    plan.remove
-        .extend(have.iter().filter(|h| !wanted.contains_key(&h.key())));
+    let mut plan = KindPlan::default();
+    for h in have {
+        match slots.get_mut(&h.key()) {
+            None => plan.remove.push(h),
+            Some(s) if s.held.is_none() => s.held = Some(h),
+            Some(s) => s.more.push(h),
+        }
+    }
+    for w in want {
+        let Some(slot) = slots.get(&w.key()).filter(|s| std::ptr::eq(s.want, w)) else {
+            continue;
+        };
+        let held = || slot.held.into_iter().chain(slot.more.iter().copied());
+        if held().any(|h| w.fits(h)) {
+            plan.remove.extend(held().filter(|h| !w.fits(h)));
+        } else {
+            if !T::SET_REPLACES {
+                plan.remove.extend(held());
+            }
+            plan.put.push(w);
+        }
+    }
     plan
 }
 
