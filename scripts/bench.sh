@@ -3,7 +3,9 @@
 # throwaway namespaces: host-local, bridge (+host-local), flannel (-> bridge -> host-local), portmap;
 # and the daemon flanneld against a real etcd (no Go flanneld is packaged to compare with), beside
 # the kernel's own batch tools writing the same entries as plain routes and through nexthop objects
-# (benches/route_styles.rs; ROUTE_STYLES_N=1000,5000 picks its sizes, 50,000 takes minutes).
+# (benches/route_styles.rs; ROUTE_STYLES_N=1000,5000 picks its sizes, 50,000 takes minutes), and
+# flanneld's own time from the etcd commit to the last kernel notification and its RSS
+# (benches/datapath_burst.rs; DATAPATH_N=1000,5000 picks its sizes).
 # Needs root and the containernetworking-plugins package. Pass plugin names to run only some.
 set -euo pipefail
 cd "$(dirname "$0")/.."
