@@ -454,19 +454,23 @@ impl<'a> Plan<'a> {
     }
 
     /// The writes in the order the kernel must take them, all in one batch: removals first (a
-    /// wrong FDB entry goes before the right one is written; a route before the nexthop it
-    /// goes through, which the kernel would otherwise remove by walking its whole table), then
-    /// the neighbours, FDB entries and nexthops before the routes that use them.
+    /// wrong FDB entry goes before the right one is written), then the neighbours, FDB entries
+    /// and nexthops before the routes that use them, and the nexthops nobody wants last. A
+    /// nexthop goes after every route through it is removed or replaced: deleted earlier it
+    /// would take a replaced route with it until the replacement is written (a switch of route
+    /// style would drop traffic), and the kernel finds the routes it takes by walking its whole
+    /// table. Only unwanted ids are removed (a wrong nexthop is replaced in place), so no
+    /// route written here goes through one.
     pub fn writes(&self) -> Vec<Write<'a>> {
         let removals = (self.routes.remove.iter().map(|e| e.delete()))
-            .chain(self.nexthops.remove.iter().map(|e| e.delete()))
             .chain(self.neighbours.remove.iter().map(|e| e.delete()))
             .chain(self.fdb.remove.iter().map(|e| e.delete()));
         let puts = (self.neighbours.put.iter().map(|e| e.set()))
             .chain(self.fdb.put.iter().map(|e| e.set()))
             .chain(self.nexthops.put.iter().map(|e| e.set()))
             .chain(self.routes.put.iter().map(|e| e.set()));
-        removals.chain(puts).collect()
+        let unwanted = self.nexthops.remove.iter().map(|e| e.delete());
+        removals.chain(puts).chain(unwanted).collect()
     }
 
     /// Per kind (routes, neighbours, FDB entries, nexthops): how many it writes, and how many
@@ -728,12 +732,16 @@ mod tests {
         let writes = plan.writes();
         assert!(matches!(writes[0], Write::SetNexthop(_)), "{writes:?}");
         assert!(matches!(writes[1], Write::SetRoute(r) if r.nhid.is_some()));
-        // And back: the route is replaced in place, then the nexthop goes.
+        // And back: the route is replaced in place, then the nexthop goes (deleted first, it
+        // would take the route with it until the plain one is written).
         let plan = diff(&plain.entries, &nexthop.entries);
         assert_eq!(plan.counts(), ([1, 0, 0, 0], [0, 0, 0, 1]));
         let writes = plan.writes();
-        assert!(matches!(writes[0], Write::DeleteNexthop(4_000_001_282)));
-        assert!(matches!(writes[1], Write::SetRoute(r) if r.nhid.is_none()));
+        assert!(
+            matches!(writes[0], Write::SetRoute(r) if r.nhid.is_none()),
+            "{writes:?}"
+        );
+        assert!(matches!(writes[1], Write::DeleteNexthop(4_000_001_282)));
     }
 
     #[test]

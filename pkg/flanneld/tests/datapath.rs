@@ -1124,6 +1124,60 @@ fn a_go_style_plain_route_is_replaced_by_one_through_a_nexthop_without_losing_a_
     );
 }
 
+/// The kernel's announcements while `act` runs, one a line (`ip -o monitor route nexthop`).
+fn announced(node: &Node, act: impl FnOnce()) -> String {
+    let monitor = node
+        .ns
+        .command("ip")
+        .args(["-o", "monitor", "route", "nexthop"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ip monitor");
+    std::thread::sleep(Duration::from_millis(200));
+    act();
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(monitor.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let out = monitor.wait_with_output().expect("ip monitor's output");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_restart_with_plain_routes_replaces_each_route_before_its_nexthop_goes() {
+    let mut p = pair("fvb", r#"{"Type":"vxlan"}"#);
+    wait_has(&p.a, &["ip", "route", "show"], &p.route_b(), T);
+    assert_eq!(p.da.stop().code(), Some(0));
+    let plain = format!("{} via {} dev flannel.1 onlink", p.sub_b, p.net_b);
+    let id = nexthop_id(&p.sub_b);
+    let reg = p.a.path("registry").display().to_string();
+    // The kernel announces a nexthop's deletion but not that of the IPv4 routes it takes with
+    // it: the route must have moved off the nexthop (replaced by the plain one) before.
+    let seen = announced(&p.a, || {
+        p.da = start_in(Style::Plain, &p.a, &reg, "a");
+        wait_for("the plain route and no nexthop", T, || {
+            (has(&p.a, &["ip", "route", "show"], &plain)
+                && p.a.ns.run("ip", &["nexthop", "show"]).trim().is_empty())
+            .then_some(())
+        });
+    });
+    let lines: Vec<&str> = seen.lines().collect();
+    let replaced = lines.iter().position(|l| l.starts_with(&plain));
+    let deleted = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("Deleted id {id} ")));
+    assert!(
+        replaced.is_some() && deleted.is_some() && replaced < deleted,
+        "the route to b replaced, then its nexthop deleted:\n{seen}"
+    );
+    let routes = p.a.ns.run("ip", &["route", "show", &p.sub_b]);
+    assert_eq!(routes.trim(), plain, "{routes}");
+    wait_for("a ping across vxlan over the plain route", T, || {
+        ping(&p.a, &p.net_a, &p.net_b).then_some(())
+    });
+}
+
 #[test]
 fn a_lease_outside_the_network_is_skipped_and_said_once() {
     let p = pair("fvy", r#"{"Type":"vxlan"}"#);
