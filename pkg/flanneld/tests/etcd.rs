@@ -193,6 +193,40 @@ fn leases_written_as_flanneld_writes_them_are_nodes_and_bad_ones_are_skipped() {
     assert!(a.running());
 }
 
+/// A transaction putting the leases of subnets 10.5.`from`.0 to 10.5.`to - 1`.0, each value
+/// padded with 50 KB that flanneld ignores (an unknown field), so that 100 leases weigh what
+/// 30,000 real ones do.
+fn padded_leases(from: usize, to: usize) -> String {
+    let pad = "x".repeat(50_000);
+    let mut txn = String::from("\n");
+    for i in from..to {
+        let value = format!(
+            r#"{{"PublicIP":"192.168.64.{i}","PublicIPv6":null,"BackendType":"alloc","Pad":"{pad}"}}"#
+        );
+        txn.push_str(&format!("put {PREFIX}/subnets/10.5.{i}.0-24 {value:?}\n"));
+    }
+    txn.push_str("\n\n");
+    txn
+}
+
+#[test]
+fn a_listing_over_4_mib_is_read() {
+    let node = Node::new("fdp");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    // 5 MB of leases before the daemon starts (etcdctl sends at most 2 MiB at once): the
+    // daemon's listing is one answer of that size, over the gRPC library's default 4 MiB.
+    for from in (1..101).step_by(25) {
+        etcd.txn(&node, &padded_leases(from, from + 25));
+    }
+    let mut a = daemon(&node, &etcd, "a", "192.168.100.11", &[]);
+    a.subnet(T);
+    a.wait_log("lease added: 10.5.100.0-24", T);
+    let log = a.log_text();
+    assert!(!log.contains("too large"), "{log}");
+    assert!(a.running());
+}
+
 #[test]
 fn a_restart_keeps_the_subnet_and_sigterm_leaves_the_lease() {
     let node = Node::new("fdr");

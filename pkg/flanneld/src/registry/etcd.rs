@@ -14,6 +14,11 @@ use tokio::sync::mpsc;
 /// How long one request may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest answer taken from etcd, as Go's etcd client takes (2 GiB): the gRPC library's
+/// default, 4 MiB, is the listing of about 20,000 leases, and a transaction's events come to a
+/// watcher in one message.
+const MAX_ANSWER: usize = i32::MAX as usize;
+
 #[derive(Debug, Clone, Default)]
 pub struct EtcdOptions {
     pub endpoints: Vec<String>,
@@ -139,7 +144,10 @@ impl Registry for EtcdRegistry {
     }
 
     async fn list(&self) -> Result<Listing> {
-        let mut c = self.client.clone();
+        let mut c = self
+            .client
+            .kv_client()
+            .max_decoding_message_size(MAX_ANSWER);
         let prefix = self.subnets_prefix();
         let resp = timed(
             &format!("listing {prefix}"),
@@ -226,7 +234,10 @@ impl Registry for EtcdRegistry {
 
     async fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
         let prefix = self.subnets_prefix();
-        let mut c = self.client.clone();
+        let mut c = self
+            .client
+            .watch_client()
+            .max_decoding_message_size(MAX_ANSWER);
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
