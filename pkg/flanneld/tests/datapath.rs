@@ -904,6 +904,20 @@ fn doctor_names_each_broken_entry() {
         text.contains(&format!("route      ok       {}", p.sub_b)),
         "{text}"
     );
+    // The route style, as the daemon's first log lines say it.
+    assert!(
+        text.contains(
+            "ok   routes     ok       routes through nexthop objects (ids from 4000000000 for IPv4"
+        ),
+        "{text}"
+    );
+    let (_, plain) = doctor_with(&p.a, &reg, &p.da.subnet_file, &["--nexthops=false"]);
+    assert!(
+        plain.contains(
+            "ok   routes     ok       plain routes: nexthop objects switched off (--nexthops=false)"
+        ),
+        "{plain}"
+    );
 
     p.a.ns.ip(&["route", "del", &p.sub_b]);
     p.a.ns.ip(&["neigh", "del", &p.net_b, "dev", "flannel.1"]);
