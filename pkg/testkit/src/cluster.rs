@@ -264,6 +264,8 @@ pub struct Node {
     daemon_wrapper: Vec<String>,
     /// With `Registry::Kube`: flanneld gets no `--kubeconfig-file` (`set_flanneld_in_cluster`).
     kube_in_cluster: bool,
+    /// flanneld's `--iface` (`eth0`); None: it finds the interface itself (`set_flanneld_iface`).
+    iface: Option<String>,
 }
 
 impl Node {
@@ -901,21 +903,7 @@ impl Cluster {
         let index = self.nodes.iter().map(|n| n.index).max().unwrap_or(0) + 1;
         assert!(index < UNDERLAY_HOST, "too many nodes");
         let ns = TestNs::new(&format!("{}n{index}", self.prefix));
-        let port = format!("n{index}");
-        self.underlay.ip(&[
-            "link",
-            "add",
-            &port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &ns.path_str(),
-        ]);
-        self.underlay
-            .ip(&["link", "set", &port, "master", "br0", "up"]);
+        self.plug(&format!("n{index}"), &ns, "eth0");
         let addr = |f| self.families.address(f, self.net, index);
         let (ip4, ip6) = (addr(Family::V4), addr(Family::V6));
         for a in ip4.iter().chain(&ip6) {
@@ -956,6 +944,7 @@ impl Cluster {
             daemon_env: Vec::new(),
             daemon_wrapper: Vec::new(),
             kube_in_cluster: false,
+            iface: Some("eth0".into()),
         });
         if self.kube.is_some() {
             self.create_kube_node(index, true);
@@ -990,9 +979,10 @@ impl Cluster {
                 a
             }
         };
+        if let Some(iface) = &node.iface {
+            args.extend(["--iface".into(), iface.clone()]);
+        }
         args.extend([
-            "--iface".into(),
-            "eth0".into(),
             "--subnet-file".into(),
             node.subnet_file().display().to_string(),
         ]);
@@ -1046,6 +1036,56 @@ impl Cluster {
         let env = &mut self.node_mut(index).daemon_env;
         env.retain(|(k, _)| k != key);
         env.push((key.to_string(), value.to_string()));
+    }
+
+    /// Gives node `index` `--iface <iface>` from its next start on (`eth0` until then), or with
+    /// None no `--iface`: flanneld then takes the interface holding `--public-ip`, else the one
+    /// of the default route.
+    pub fn set_flanneld_iface(&mut self, index: u8, iface: Option<&str>) {
+        self.node_mut(index).iface = iface.map(str::to_string);
+    }
+
+    /// Gives node `index` a second port on the underlay bridge: `name` in the node, holding
+    /// `addrs` (with their prefixes), up. The node then answers ARP for an address only on the
+    /// port that holds it (`arp_ignore=1`, `arp_announce=2`, as a host with two NICs on one
+    /// segment is set up), so that whoever sends to that address reaches that port.
+    pub fn add_port(&self, index: u8, name: &str, addrs: &[&str]) {
+        let node = self.node(index);
+        self.plug(&format!("n{index}{name}"), &node.ns, name);
+        for a in addrs {
+            let mut args = vec!["addr", "add", a, "dev", name];
+            if a.contains(':') {
+                args.push("nodad");
+            }
+            node.ns.ip(&args);
+        }
+        node.ns.ip(&["link", "set", name, "up"]);
+        node.ns.run(
+            "sysctl",
+            &[
+                "-qw",
+                "net.ipv4.conf.all.arp_ignore=1",
+                "net.ipv4.conf.all.arp_announce=2",
+            ],
+        );
+    }
+
+    /// A veth from the underlay bridge (`port`, up) into `ns` (`name`, down).
+    fn plug(&self, port: &str, ns: &TestNs, name: &str) {
+        self.underlay.ip(&[
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            name,
+            "netns",
+            &ns.path_str(),
+        ]);
+        self.underlay
+            .ip(&["link", "set", port, "master", "br0", "up"]);
     }
 
     /// Starts node `index`'s flanneld through `wrapper` from its next start on: the wrapper's
