@@ -11,7 +11,7 @@ use flanneld::backend::select;
 use flanneld::config;
 use flanneld::entries::RouteStyle;
 use flanneld::family::IpFamily;
-use flanneld::iface::External;
+use flanneld::iface::{External, Source};
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::spec::{DatapathSpec, DeviceIndex, FamilySpec};
 use flanneld::view::LeaseView;
@@ -48,6 +48,8 @@ fn datapath(text: &str, own: SubnetKey, style: RouteStyle) -> DatapathSpec {
             iface_ipv6: Some("fd00::1".parse().expect("an address")),
             public_ip: Some("192.168.64.1".parse().expect("an address")),
             public_ipv6: Some("fd00::1".parse().expect("an address")),
+            public_ip_source: Source::Interface,
+            public_ipv6_source: Source::Interface,
             addrs: vec![
                 "192.168.64.1/24".parse().expect("a network"),
                 "fd00::1/64".parse().expect("a network"),

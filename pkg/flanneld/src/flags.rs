@@ -71,8 +71,9 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_ETCD_PASSWORD", hide_env_values = true)]
     pub etcd_password: Option<String>,
 
-    /// Interface (a name or an address) for traffic between nodes; repeat to try several in
-    /// order. Default: the interface of the default route.
+    /// Interface (a name or an address, which is then its address) for traffic between nodes;
+    /// repeat to try several in order. Default: the interface that holds --public-ip, else the
+    /// one of the default route.
     #[arg(
         long,
         env = "FLANNELD_IFACE",
@@ -81,21 +82,23 @@ pub struct Flags {
     )]
     pub iface: Vec<String>,
 
-    /// Regular expression matched against interface addresses, then names; repeatable. Used
-    /// when --iface is not given.
+    /// Regular expression matched against interface addresses, then names; repeatable. Tried
+    /// when no --iface fits.
     #[arg(long, env = "FLANNELD_IFACE_REGEX", value_parser = regex, value_name = "REGEX")]
     pub iface_regex: Vec<regex::Regex>,
 
-    /// Use the interface of the route to this address. Used when neither --iface nor
-    /// --iface-regex is given.
+    /// Use the interface of the route to this address. Tried when no --iface or --iface-regex
+    /// fits.
     #[arg(long, env = "FLANNELD_IFACE_CAN_REACH", value_name = "ADDR")]
     pub iface_can_reach: Option<IpAddr>,
 
-    /// IPv4 address other nodes reach this one at. Default: the interface's address.
+    /// IPv4 address other nodes reach this one at; without --iface, the interface that holds it
+    /// is the external one. Default: the interface's address.
     #[arg(long, env = "FLANNELD_PUBLIC_IP", value_name = "ADDR")]
     pub public_ip: Option<Ipv4Addr>,
 
-    /// IPv6 address other nodes reach this one at. Default: the interface's address.
+    /// IPv6 address other nodes reach this one at; without --iface (or --public-ip), the
+    /// interface that holds it is the external one. Default: the interface's address.
     #[arg(long, env = "FLANNELD_PUBLIC_IPV6", value_name = "ADDR")]
     pub public_ipv6: Option<Ipv6Addr>,
 

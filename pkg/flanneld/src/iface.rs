@@ -1,6 +1,10 @@
-//! The external interface and this node's public addresses, chosen as flanneld chooses them:
-//! `--iface` (names or addresses, in order), else `--iface-regex`, else `--iface-can-reach`,
-//! else the interface of the default route. The choice is pure; `gather` reads the kernel.
+//! The external interface and this node's public addresses, chosen as flanneld chooses them.
+//! Without `--iface`, `--iface-regex` and `--iface-can-reach`: the interface that holds the
+//! public address (`--public-ip`, else `--public-ipv6`), else the one of the default route.
+//! With them: each `--iface` (a name or an address) in order, then each `--iface-regex`, then
+//! `--iface-can-reach`; the first that gives an interface with an address of every family the
+//! network uses. The address an interface was found by is its address of that family. The
+//! choice is pure; `gather` reads the kernel.
 
 use crate::family::IpFamily;
 use ipnetwork::IpNetwork;
@@ -11,12 +15,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// Why no external interface fits the flags: a bad start, naming the flag that found nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IfaceError {
-    /// `--iface`: none of these names or addresses.
-    NoSuchIface(Vec<String>),
-    /// `--iface-regex`: no name or address matches.
-    NoMatch(Vec<String>),
-    /// `--iface-can-reach`: no route to it.
-    Unreachable(IpAddr),
+    /// `--iface`, `--iface-regex`, `--iface-can-reach`: each one tried, and why it did not fit.
+    NoneFits(Vec<String>),
+    /// Without those flags the interface is the one holding the public address, and none does.
+    PublicNotHere {
+        ip: IpAddr,
+        source: Source,
+    },
     NoDefaultRoute,
     /// The interface has no address of a family the network needs.
     NoAddress {
@@ -28,38 +33,75 @@ pub enum IfaceError {
 impl fmt::Display for IfaceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            IfaceError::NoSuchIface(names) => write!(
-                f,
-                "--iface {}: no interface of that name or address",
-                names.join(",")
-            ),
-            IfaceError::NoMatch(res) => write!(
-                f,
-                "--iface-regex {}: no interface name or address matches",
-                res.join(",")
-            ),
-            IfaceError::Unreachable(dst) => {
-                write!(f, "--iface-can-reach {dst}: no route reaches it")
+            IfaceError::NoneFits(tried) => {
+                write!(f, "no external interface fits: {}", tried.join("; "))
+            }
+            IfaceError::PublicNotHere { ip, source } => {
+                let family = IpFamily::of(*ip);
+                write!(
+                    f,
+                    "{} is not an address of this host, and without --iface, --iface-regex or \
+                     --iface-can-reach the external interface is the one that holds it; name \
+                     the interface with --iface",
+                    source.describe(*ip)
+                )?;
+                match source {
+                    Source::Annotation(_) => write!(
+                        f,
+                        ", or announce an address that is not this host's (NAT) with the {} \
+                         annotation instead",
+                        match family {
+                            IpFamily::V4 => "public-ip-overwrite",
+                            IpFamily::V6 => "public-ipv6-overwrite",
+                        }
+                    ),
+                    _ => f.write_str(" to announce an address that is not this host's (NAT)"),
+                }
             }
             IfaceError::NoDefaultRoute => f.write_str(
                 "no default route to find the external interface by; name one with --iface",
             ),
-            IfaceError::NoAddress { iface, family } => {
-                let flag = match family {
-                    IpFamily::V4 => "--public-ip",
-                    IpFamily::V6 => "--public-ipv6",
-                };
-                write!(
-                    f,
-                    "interface {iface} has no {} address; give one with {flag}",
-                    family.name()
-                )
-            }
+            IfaceError::NoAddress { iface, family } => write!(
+                f,
+                "interface {iface} has no {} address; give one with {}",
+                family.name(),
+                public_flag(*family)
+            ),
         }
     }
 }
 
 impl std::error::Error for IfaceError {}
+
+fn public_flag(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "--public-ip",
+        IpFamily::V6 => "--public-ipv6",
+    }
+}
+
+/// Where a public address came from, so that a message names what the user wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The external interface's own address.
+    Interface,
+    /// `--public-ip` / `--public-ipv6`.
+    Flag,
+    /// The Node annotation that took the flag's place (`node-public-ip`, `node-public-ipv6`).
+    Annotation(String),
+}
+
+impl Source {
+    /// `ip` as coming from here: `--public-ip 10.0.0.9`, `annotation <name> 10.0.0.9`, or the
+    /// bare address.
+    pub fn describe(&self, ip: IpAddr) -> String {
+        match self {
+            Source::Interface => ip.to_string(),
+            Source::Flag => format!("{} {ip}", public_flag(IpFamily::of(ip))),
+            Source::Annotation(name) => format!("annotation {name} {ip}"),
+        }
+    }
+}
 
 /// What the kernel says about one link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,8 +133,49 @@ pub struct Wanted {
     pub iface_can_reach: Option<IpAddr>,
     pub public_ip: Option<Ipv4Addr>,
     pub public_ipv6: Option<Ipv6Addr>,
+    /// The Node annotations that gave `public_ip` / `public_ipv6` in place of the flags.
+    pub public_ip_annotation: Option<String>,
+    pub public_ipv6_annotation: Option<String>,
     pub ipv4: bool,
     pub ipv6: bool,
+}
+
+impl Wanted {
+    fn uses(&self, family: IpFamily) -> bool {
+        match family {
+            IpFamily::V4 => self.ipv4,
+            IpFamily::V6 => self.ipv6,
+        }
+    }
+
+    /// The public address of one family that was asked for, if the network uses that family.
+    fn public(&self, family: IpFamily) -> Option<IpAddr> {
+        let ip = match family {
+            IpFamily::V4 => self.public_ip.map(IpAddr::V4),
+            IpFamily::V6 => self.public_ipv6.map(IpAddr::V6),
+        };
+        ip.filter(|_| self.uses(family))
+    }
+
+    /// Who asked for the public address of one family.
+    fn source(&self, family: IpFamily) -> Source {
+        let annotation = match family {
+            IpFamily::V4 => &self.public_ip_annotation,
+            IpFamily::V6 => &self.public_ipv6_annotation,
+        };
+        match (self.public(family), annotation) {
+            (None, _) => Source::Interface,
+            (Some(_), Some(name)) => Source::Annotation(name.clone()),
+            (Some(_), None) => Source::Flag,
+        }
+    }
+
+    fn families(&self) -> Vec<IpFamily> {
+        IpFamily::BOTH
+            .into_iter()
+            .filter(|&f| self.uses(f))
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,12 +183,16 @@ pub struct External {
     pub index: u32,
     pub name: String,
     pub mtu: u32,
-    /// The interface's own addresses (what host-gw and vxlan bind to).
+    /// The interface's own addresses (what host-gw and vxlan bind to): the address it was
+    /// found by, else its first one.
     pub iface_ip: Option<Ipv4Addr>,
     pub iface_ipv6: Option<Ipv6Addr>,
-    /// What goes into the lease: `--public-ip` or the interface's address.
+    /// What goes into the lease: `--public-ip` (or the annotation in its place) or the
+    /// interface's address.
     pub public_ip: Option<Ipv4Addr>,
     pub public_ipv6: Option<Ipv6Addr>,
+    pub public_ip_source: Source,
+    pub public_ipv6_source: Source,
     /// The interface's addresses with their prefixes.
     pub addrs: Vec<IpNetwork>,
 }
@@ -126,6 +213,19 @@ impl External {
             IpFamily::V6 => self.public_ipv6.map(IpAddr::V6),
         }
     }
+
+    /// Where the public address of one family came from.
+    pub fn source(&self, family: IpFamily) -> &Source {
+        match family {
+            IpFamily::V4 => &self.public_ip_source,
+            IpFamily::V6 => &self.public_ipv6_source,
+        }
+    }
+
+    /// Whether `ip` is an address of the interface.
+    pub fn holds(&self, ip: IpAddr) -> bool {
+        self.iface_ip(IpFamily::of(ip)) == Some(ip) || self.addrs.iter().any(|a| a.ip() == ip)
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +241,8 @@ impl External {
             iface_ipv6: "fd00::1".parse().ok(),
             public_ip: "192.168.0.1".parse().ok(),
             public_ipv6: "fd00::1".parse().ok(),
+            public_ip_source: Source::Interface,
+            public_ipv6_source: Source::Interface,
             addrs: vec!["192.168.0.1/24".parse().unwrap()],
         }
     }
@@ -158,24 +260,13 @@ fn usable(a: &IpNetwork) -> bool {
     !a.ip().is_loopback() && !is_link_local(a.ip())
 }
 
-fn first_v4(l: &LinkFacts) -> Option<Ipv4Addr> {
+/// The link's usable addresses of one family, in the kernel's order.
+fn usable_of(l: &LinkFacts, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
     l.addrs
         .iter()
         .filter(|a| usable(a))
-        .find_map(|a| match a.ip() {
-            IpAddr::V4(ip) => Some(ip),
-            _ => None,
-        })
-}
-
-fn first_v6(l: &LinkFacts) -> Option<Ipv6Addr> {
-    l.addrs
-        .iter()
-        .filter(|a| usable(a))
-        .find_map(|a| match a.ip() {
-            IpAddr::V6(ip) => Some(ip),
-            _ => None,
-        })
+        .map(|a| a.ip())
+        .filter(move |ip| IpFamily::of(*ip) == family)
 }
 
 /// The route a packet to `dst` takes: the longest matching prefix.
@@ -186,84 +277,201 @@ fn route_to(routes: &[Route], dst: IpAddr) -> Option<&Route> {
         .max_by_key(|r| r.dst.prefix())
 }
 
-/// Picks the external interface; the error says which flag found nothing.
+/// An interface, and the addresses it was found by (by `--iface <address>`, a regex that
+/// matched an address, or the public address).
+struct Found<'a> {
+    link: &'a LinkFacts,
+    by: Vec<IpAddr>,
+}
+
+impl<'a> Found<'a> {
+    fn link(link: &'a LinkFacts) -> Found<'a> {
+        Found { link, by: vec![] }
+    }
+
+    fn by(&self, family: IpFamily) -> Option<IpAddr> {
+        self.by
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(*ip) == family)
+    }
+}
+
+/// The link that has the address `ip`.
+fn holder(links: &[LinkFacts], ip: IpAddr) -> Option<Found<'_>> {
+    links
+        .iter()
+        .find(|l| l.addrs.iter().any(|a| a.ip() == ip))
+        .map(|link| Found { link, by: vec![ip] })
+}
+
+/// `--iface <name>` or `--iface <address>`; an address of a family the network does not use
+/// finds nothing, as in flanneld.
+fn by_iface<'a>(links: &'a [LinkFacts], w: &str, want: &Wanted) -> Result<Found<'a>, String> {
+    match w.parse::<IpAddr>() {
+        Ok(ip) if !want.uses(IpFamily::of(ip)) => Err(format!(
+            "an {} address, and the network has no {}",
+            IpFamily::of(ip).name(),
+            IpFamily::of(ip).name()
+        )),
+        Ok(ip) => holder(links, ip).ok_or_else(|| "no interface has this address".into()),
+        Err(_) => links
+            .iter()
+            .find(|l| l.name == w)
+            .map(Found::link)
+            .ok_or_else(|| "no interface of this name".into()),
+    }
+}
+
+/// `--iface-regex`: the first interface with a matching address of every family the network
+/// uses, else the first whose name matches (flanneld's two passes), else the first with a
+/// matching address of one family (where flanneld finds none in dual-stack).
+fn by_regex<'a>(links: &'a [LinkFacts], re: &Regex, want: &Wanted) -> Result<Found<'a>, String> {
+    let families = want.families();
+    let matching = |l: &'a LinkFacts| -> Vec<IpAddr> {
+        families
+            .iter()
+            .filter_map(|&f| usable_of(l, f).find(|ip| re.is_match(&ip.to_string())))
+            .collect()
+    };
+    let by_addresses = |every: bool| {
+        links.iter().find_map(|link| {
+            let by = matching(link);
+            let fits = if every {
+                by.len() == families.len()
+            } else {
+                !by.is_empty()
+            };
+            fits.then_some(Found { link, by })
+        })
+    };
+    by_addresses(true)
+        .or_else(|| links.iter().find(|l| re.is_match(&l.name)).map(Found::link))
+        .or_else(|| by_addresses(false))
+        .ok_or_else(|| "no interface name or address matches".into())
+}
+
+/// `--iface-can-reach`: the interface of the route to `dst`.
+fn by_route<'a>(
+    links: &'a [LinkFacts],
+    routes: &[Route],
+    dst: IpAddr,
+) -> Result<Found<'a>, String> {
+    route_to(routes, dst)
+        .and_then(|r| r.oif)
+        .and_then(|i| links.iter().find(|l| l.index == i))
+        .map(Found::link)
+        .ok_or_else(|| "no route reaches it".into())
+}
+
+/// Without interface flags: the interface holding the public address (IPv4's first), else
+/// the one of the default route (IPv4's, or IPv6's for an IPv6-only network).
+fn by_public_or_default<'a>(
+    links: &'a [LinkFacts],
+    routes: &[Route],
+    want: &Wanted,
+) -> Result<Found<'a>, IfaceError> {
+    let public = IpFamily::BOTH
+        .into_iter()
+        .find_map(|f| want.public(f).map(|ip| (ip, want.source(f))));
+    if let Some((ip, source)) = public {
+        return holder(links, ip).ok_or(IfaceError::PublicNotHere { ip, source });
+    }
+    let v4 = want.ipv4;
+    routes
+        .iter()
+        .filter(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() == v4)
+        .find_map(|r| r.oif.and_then(|i| links.iter().find(|l| l.index == i)))
+        .map(Found::link)
+        .ok_or(IfaceError::NoDefaultRoute)
+}
+
+/// The interface's addresses and the public ones. Of each family: the address the interface
+/// was found by; else, when it was found by an address, the public address if the interface
+/// holds it (flanneld's dual-stack lookup); else its first usable one.
+fn fit(found: &Found<'_>, want: &Wanted) -> Result<External, IfaceError> {
+    let link = found.link;
+    let own = |family| {
+        found
+            .by(family)
+            .or_else(|| {
+                want.public(family)
+                    .filter(|ip| !found.by.is_empty() && link.addrs.iter().any(|a| a.ip() == *ip))
+            })
+            .or_else(|| usable_of(link, family).next())
+    };
+    let (iface_ip, iface_ipv6) = (own(IpFamily::V4), own(IpFamily::V6));
+    let public = |family, own: Option<IpAddr>| {
+        if !want.uses(family) {
+            return Ok(None);
+        }
+        match want.public(family).or(own) {
+            Some(ip) => Ok(Some(ip)),
+            None => Err(IfaceError::NoAddress {
+                iface: link.name.clone(),
+                family,
+            }),
+        }
+    };
+    let (public_ip, public_ipv6) = (
+        public(IpFamily::V4, iface_ip)?,
+        public(IpFamily::V6, iface_ipv6)?,
+    );
+    let v4 = |ip: Option<IpAddr>| match ip {
+        Some(IpAddr::V4(a)) => Some(a),
+        _ => None,
+    };
+    let v6 = |ip: Option<IpAddr>| match ip {
+        Some(IpAddr::V6(a)) => Some(a),
+        _ => None,
+    };
+    Ok(External {
+        index: link.index,
+        name: link.name.clone(),
+        mtu: link.mtu,
+        iface_ip: v4(iface_ip),
+        iface_ipv6: v6(iface_ipv6),
+        public_ip: v4(public_ip),
+        public_ipv6: v6(public_ipv6),
+        public_ip_source: want.source(IpFamily::V4),
+        public_ipv6_source: want.source(IpFamily::V6),
+        addrs: link.addrs.iter().filter(|a| usable(a)).copied().collect(),
+    })
+}
+
+/// Picks the external interface; the error says which flag found nothing and why.
 pub fn choose(
     links: &[LinkFacts],
     routes: &[Route],
     want: &Wanted,
 ) -> Result<External, IfaceError> {
-    let by_index = |i: u32| links.iter().find(|l| l.index == i);
-    let link = if !want.iface.is_empty() {
-        want.iface
-            .iter()
-            .find_map(|w| match w.parse::<IpAddr>() {
-                Ok(ip) => links.iter().find(|l| l.addrs.iter().any(|a| a.ip() == ip)),
-                Err(_) => links.iter().find(|l| &l.name == w),
-            })
-            .ok_or_else(|| IfaceError::NoSuchIface(want.iface.clone()))?
-    } else if !want.iface_regex.is_empty() {
-        want.iface_regex
-            .iter()
-            .find_map(|re| {
-                links
-                    .iter()
-                    .find(|l| {
-                        l.addrs
-                            .iter()
-                            .any(|a| usable(a) && re.is_match(&a.ip().to_string()))
-                    })
-                    .or_else(|| links.iter().find(|l| re.is_match(&l.name)))
-            })
-            .ok_or_else(|| {
-                IfaceError::NoMatch(
-                    want.iface_regex
-                        .iter()
-                        .map(|re| re.as_str().to_string())
-                        .collect(),
-                )
-            })?
-    } else if let Some(dst) = want.iface_can_reach {
-        route_to(routes, dst)
-            .and_then(|r| r.oif)
-            .and_then(by_index)
-            .ok_or(IfaceError::Unreachable(dst))?
-    } else {
-        let default: IpAddr = if want.ipv4 {
-            Ipv4Addr::UNSPECIFIED.into()
-        } else {
-            Ipv6Addr::UNSPECIFIED.into()
-        };
-        routes
-            .iter()
-            .filter(|r| r.dst.prefix() == 0 && r.dst.is_ipv4() == default.is_ipv4())
-            .find_map(|r| r.oif.and_then(by_index))
-            .ok_or(IfaceError::NoDefaultRoute)?
-    };
-    let iface_ip = first_v4(link);
-    let iface_ipv6 = first_v6(link);
-    let public_ip = want.public_ip.or(iface_ip);
-    let public_ipv6 = want.public_ipv6.or(iface_ipv6);
-    for (wanted, found, family) in [
-        (want.ipv4, public_ip.is_some(), IpFamily::V4),
-        (want.ipv6, public_ipv6.is_some(), IpFamily::V6),
-    ] {
-        if wanted && !found {
-            return Err(IfaceError::NoAddress {
-                iface: link.name.clone(),
-                family,
-            });
+    if want.iface.is_empty() && want.iface_regex.is_empty() && want.iface_can_reach.is_none() {
+        return fit(&by_public_or_default(links, routes, want)?, want);
+    }
+    let ifaces = want
+        .iface
+        .iter()
+        .map(|w| (format!("--iface {w}"), by_iface(links, w, want)));
+    let regexes = want.iface_regex.iter().map(|re| {
+        (
+            format!("--iface-regex {}", re.as_str()),
+            by_regex(links, re, want),
+        )
+    });
+    let reach = want.iface_can_reach.map(|dst| {
+        (
+            format!("--iface-can-reach {dst}"),
+            by_route(links, routes, dst),
+        )
+    });
+    let mut tried = Vec::new();
+    for (flag, found) in ifaces.chain(regexes).chain(reach) {
+        match found.and_then(|f| fit(&f, want).map_err(|e| e.to_string())) {
+            Ok(ext) => return Ok(ext),
+            Err(why) => tried.push(format!("{flag}: {why}")),
         }
     }
-    Ok(External {
-        index: link.index,
-        name: link.name.clone(),
-        mtu: link.mtu,
-        iface_ip,
-        iface_ipv6,
-        public_ip: if want.ipv4 { public_ip } else { None },
-        public_ipv6: if want.ipv6 { public_ipv6 } else { None },
-        addrs: link.addrs.iter().filter(|a| usable(a)).copied().collect(),
-    })
+    Err(IfaceError::NoneFits(tried))
 }
 
 /// Reads the links, their addresses and the main table from the kernel (this thread's
@@ -294,133 +502,476 @@ pub fn gather() -> Result<Interfaces, cni_kernel::Error> {
 mod tests {
     use super::*;
 
+    fn net(a: &str) -> IpNetwork {
+        a.parse().unwrap()
+    }
+
+    fn link(index: u32, name: &str, mtu: u32, addrs: &[&str]) -> LinkFacts {
+        LinkFacts {
+            index,
+            name: name.into(),
+            mtu,
+            addrs: addrs.iter().map(|a| net(a)).collect(),
+        }
+    }
+
+    /// eth0 has the default routes and two addresses of each family; eth1 two of each, on
+    /// other prefixes; eth2 IPv6 only.
     fn links() -> Vec<LinkFacts> {
         vec![
-            LinkFacts {
-                index: 1,
-                name: "lo".into(),
-                mtu: 65536,
-                addrs: vec!["127.0.0.1/8".parse().unwrap()],
-            },
-            LinkFacts {
-                index: 2,
-                name: "eth0".into(),
-                mtu: 1500,
-                addrs: vec![
-                    "192.168.0.9/24".parse().unwrap(),
-                    "fd00::9/64".parse().unwrap(),
+            link(1, "lo", 65536, &["127.0.0.1/8", "::1/128"]),
+            link(
+                2,
+                "eth0",
+                1500,
+                &[
+                    "192.168.0.9/24",
+                    "192.168.0.99/24",
+                    "fe80::9/64",
+                    "fd00::9/64",
+                    "fd00::99/64",
                 ],
-            },
-            LinkFacts {
-                index: 3,
-                name: "eth1".into(),
-                mtu: 9000,
-                addrs: vec!["172.16.0.9/16".parse().unwrap()],
-            },
+            ),
+            link(
+                3,
+                "eth1",
+                9000,
+                &[
+                    "172.16.0.9/16",
+                    "172.16.0.10/16",
+                    "fd01::9/64",
+                    "fd01::10/64",
+                ],
+            ),
+            link(4, "eth2", 1400, &["fd02::9/64"]),
         ]
     }
 
     fn routes() -> Vec<Route> {
+        let route = |dst: &str, oif| Route {
+            dst: net(dst),
+            oif: Some(oif),
+        };
         vec![
-            Route {
-                dst: "0.0.0.0/0".parse().unwrap(),
-                oif: Some(2),
-            },
-            Route {
-                dst: "192.168.0.0/24".parse().unwrap(),
-                oif: Some(2),
-            },
-            Route {
-                dst: "172.16.0.0/16".parse().unwrap(),
-                oif: Some(3),
-            },
+            route("0.0.0.0/0", 2),
+            route("::/0", 2),
+            route("192.168.0.0/24", 2),
+            route("172.16.0.0/16", 3),
+            route("fd02::/64", 4),
         ]
     }
 
-    fn want() -> Wanted {
+    fn v4() -> Wanted {
         Wanted {
             ipv4: true,
             ..Wanted::default()
         }
     }
 
+    fn v6() -> Wanted {
+        Wanted {
+            ipv6: true,
+            ..Wanted::default()
+        }
+    }
+
+    fn dual() -> Wanted {
+        Wanted {
+            ipv4: true,
+            ipv6: true,
+            ..Wanted::default()
+        }
+    }
+
+    fn ip(a: &str) -> IpAddr {
+        a.parse().unwrap()
+    }
+
+    fn ok(w: &Wanted) -> External {
+        choose(&links(), &routes(), w).unwrap()
+    }
+
+    fn err(w: &Wanted) -> String {
+        choose(&links(), &routes(), w).unwrap_err().to_string()
+    }
+
+    /// The interface's name, its addresses and the public ones, of the families asked for.
+    fn summary(e: &External) -> (String, Vec<String>, Vec<String>) {
+        let some = |ips: [Option<IpAddr>; 2]| ips.iter().flatten().map(|a| a.to_string()).collect();
+        (
+            e.name.clone(),
+            some([e.iface_ip.map(IpAddr::V4), e.iface_ipv6.map(IpAddr::V6)]),
+            some([e.public(IpFamily::V4), e.public(IpFamily::V6)]),
+        )
+    }
+
+    fn is(name: &str, iface: &[&str], public: &[&str]) -> (String, Vec<String>, Vec<String>) {
+        let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect();
+        (name.into(), s(iface), s(public))
+    }
+
     #[test]
-    fn the_default_route_names_the_interface() {
-        let e = choose(&links(), &routes(), &want()).unwrap();
+    fn the_default_route_names_the_interface_and_its_first_addresses() {
+        let e = ok(&v4());
         assert_eq!((e.name.as_str(), e.mtu), ("eth0", 1500));
-        assert_eq!(e.public_ip, Some(Ipv4Addr::new(192, 168, 0, 9)));
-        assert_eq!(e.public_ipv6, None);
-    }
-
-    #[test]
-    fn iface_by_name_or_address_in_order() {
-        let w = Wanted {
-            iface: vec!["nope".into(), "eth1".into()],
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth1");
-        let w = Wanted {
-            iface: vec!["172.16.0.9".into()],
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth1");
-        let w = Wanted {
-            iface: vec!["nope".into()],
-            ..want()
-        };
-        assert!(choose(&links(), &routes(), &w)
-            .unwrap_err()
-            .to_string()
-            .contains("--iface nope"));
-    }
-
-    #[test]
-    fn iface_regex_and_can_reach() {
-        let w = Wanted {
-            iface_regex: vec![Regex::new("^eth1$").unwrap()],
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth1");
-        let w = Wanted {
-            iface_regex: vec![Regex::new(r"^172\.16\.").unwrap()],
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth1");
-        let w = Wanted {
-            iface_can_reach: Some("172.16.5.5".parse().unwrap()),
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth1");
-        let w = Wanted {
-            iface_can_reach: Some("8.8.8.8".parse().unwrap()),
-            ..want()
-        };
-        assert_eq!(choose(&links(), &routes(), &w).unwrap().name, "eth0");
-    }
-
-    #[test]
-    fn public_ip_overrides_the_interfaces_address() {
-        let w = Wanted {
-            public_ip: Some(Ipv4Addr::new(1, 2, 3, 4)),
-            ..want()
-        };
-        let e = choose(&links(), &routes(), &w).unwrap();
-        assert_eq!(e.public_ip, Some(Ipv4Addr::new(1, 2, 3, 4)));
-        assert_eq!(e.iface_ip, Some(Ipv4Addr::new(192, 168, 0, 9)));
-    }
-
-    #[test]
-    fn no_default_route_or_no_address_is_an_error_naming_the_fix() {
-        let e = choose(&links(), &routes()[1..], &want()).unwrap_err();
+        // The link-local address is never the interface's address.
+        assert_eq!(
+            summary(&e),
+            is("eth0", &["192.168.0.9", "fd00::9"], &["192.168.0.9"])
+        );
+        assert_eq!(e.public_ip_source, Source::Interface);
+        assert_eq!(
+            summary(&ok(&v6())),
+            is("eth0", &["192.168.0.9", "fd00::9"], &["fd00::9"])
+        );
+        let e = choose(&links(), &routes()[2..], &v4()).unwrap_err();
+        assert_eq!(e, IfaceError::NoDefaultRoute);
         assert!(e.to_string().contains("--iface"), "{e}");
+    }
+
+    #[test]
+    fn public_ip_without_iface_picks_the_interface_that_holds_it_as_its_address() {
+        // A second address of another link: that link, at that address.
+        let w = Wanted {
+            public_ip: "172.16.0.10".parse().ok(),
+            ..v4()
+        };
+        let e = ok(&w);
+        assert_eq!(
+            summary(&e),
+            is("eth1", &["172.16.0.10", "fd01::9"], &["172.16.0.10"])
+        );
+        assert_eq!((e.index, e.mtu), (3, 9000));
+        assert_eq!(e.public_ip_source, Source::Flag);
+        // A second address of the default route's link: that address, not the link's first.
+        let w = Wanted {
+            public_ip: "192.168.0.99".parse().ok(),
+            ..v4()
+        };
+        assert_eq!(ok(&w).iface_ip, "192.168.0.99".parse().ok());
+        // The node-public-ip annotation in the flag's place does the same.
+        let w = Wanted {
+            public_ip: "172.16.0.9".parse().ok(),
+            public_ip_annotation: Some("flannel.alpha.coreos.com/node-public-ip".into()),
+            ..v4()
+        };
+        let e = ok(&w);
+        assert_eq!(
+            summary(&e),
+            is("eth1", &["172.16.0.9", "fd01::9"], &["172.16.0.9"])
+        );
+        assert_eq!(
+            e.public_ip_source,
+            Source::Annotation("flannel.alpha.coreos.com/node-public-ip".into())
+        );
+    }
+
+    #[test]
+    fn a_public_ip_of_no_interface_here_needs_iface() {
+        let w = Wanted {
+            public_ip: "203.0.113.7".parse().ok(),
+            ..v4()
+        };
+        let e = choose(&links(), &routes(), &w).unwrap_err();
+        assert_eq!(
+            e,
+            IfaceError::PublicNotHere {
+                ip: ip("203.0.113.7"),
+                source: Source::Flag
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with("--public-ip 203.0.113.7 is not an address of this host")
+                && text.contains("name the interface with --iface"),
+            "{text}"
+        );
+        let w = Wanted {
+            public_ip_annotation: Some("example.com/node-public-ip".into()),
+            ..w
+        };
+        let text = err(&w);
+        assert!(
+            text.starts_with("annotation example.com/node-public-ip 203.0.113.7 is not")
+                && text.contains("public-ip-overwrite annotation"),
+            "{text}"
+        );
+        // With --iface it is announced as it is (a node behind NAT), from eth0's address.
+        let w = Wanted {
+            iface: vec!["eth0".into()],
+            ..w
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth0", &["192.168.0.9", "fd00::9"], &["203.0.113.7"])
+        );
+    }
+
+    #[test]
+    fn iface_by_address_is_the_interfaces_address() {
+        let w = Wanted {
+            iface: vec!["172.16.0.10".into()],
+            ..v4()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth1", &["172.16.0.10", "fd01::9"], &["172.16.0.10"])
+        );
+        // --public-ip beside it is announced; the interface's address stays the one named.
+        let w = Wanted {
+            public_ip: "172.16.0.9".parse().ok(),
+            ..w
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth1", &["172.16.0.10", "fd01::9"], &["172.16.0.9"])
+        );
+        // By name, the interface's address is its first one, whatever --public-ip is.
         let w = Wanted {
             iface: vec!["eth1".into()],
-            ipv6: true,
-            ..want()
+            ..w
         };
-        assert!(choose(&links(), &routes(), &w)
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth1", &["172.16.0.9", "fd01::9"], &["172.16.0.9"])
+        );
+    }
+
+    #[test]
+    fn iface_then_regex_then_can_reach_the_first_that_fits() {
+        // eth2 has no IPv4 address: the next --iface is tried, as flanneld does.
+        let w = Wanted {
+            iface: vec!["nope".into(), "eth2".into(), "eth1".into()],
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth1");
+        // With --public-ip, eth2 fits: the address need not be the interface's.
+        let w = Wanted {
+            public_ip: "203.0.113.7".parse().ok(),
+            ..w
+        };
+        assert_eq!(ok(&w).name, "eth2");
+        let w = Wanted {
+            iface: vec!["nope".into()],
+            iface_regex: vec![Regex::new("^eth1$").unwrap()],
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth1");
+        let w = Wanted {
+            iface: vec!["nope".into()],
+            iface_regex: vec![Regex::new("^wlan").unwrap()],
+            iface_can_reach: Some(ip("172.16.5.5")),
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth1");
+        let w = Wanted {
+            iface: vec![
+                "nope".into(),
+                "eth2".into(),
+                "10.0.0.1".into(),
+                "fd00::9".into(),
+            ],
+            iface_regex: vec![Regex::new("^wlan").unwrap()],
+            iface_can_reach: Some(ip("10.9.9.9")),
+            ..v4()
+        };
+        // No default route: nothing reaches 10.9.9.9.
+        let e = choose(&links(), &routes()[2..], &w)
             .unwrap_err()
-            .to_string()
-            .contains("--public-ipv6"));
+            .to_string();
+        for why in [
+            "--iface nope: no interface of this name",
+            "--iface eth2: interface eth2 has no IPv4 address; give one with --public-ip",
+            "--iface 10.0.0.1: no interface has this address",
+            "--iface fd00::9: an IPv6 address, and the network has no IPv6",
+            "--iface-regex ^wlan: no interface name or address matches",
+            "--iface-can-reach 10.9.9.9: no route reaches it",
+        ] {
+            assert!(e.contains(why), "{why} in {e}");
+        }
+        assert!(
+            e.starts_with("no external interface fits: --iface nope"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn iface_regex_matches_addresses_then_names_and_uses_the_matched_address() {
+        let w = Wanted {
+            iface_regex: vec![Regex::new(r"^172\.16\.0\.1").unwrap()],
+            ..v4()
+        };
+        assert_eq!(ok(&w).iface_ip, "172.16.0.10".parse().ok());
+        // An address of a family the network does not use matches nothing: the name does.
+        let w = Wanted {
+            iface_regex: vec![Regex::new("^fd02|^eth0").unwrap()],
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth0");
+        // Dual-stack: an interface matching in both families comes first, then names, then
+        // one family alone.
+        let both = Regex::new(r"^192\.168\.0\.99$|^fd01::10$|^172|^fd00::99$").unwrap();
+        let w = Wanted {
+            iface_regex: vec![both],
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth0",
+                &["192.168.0.99", "fd00::99"],
+                &["192.168.0.99", "fd00::99"]
+            )
+        );
+        let w = Wanted {
+            iface_regex: vec![Regex::new("^fd01::10$|^eth0$").unwrap()],
+            ..dual()
+        };
+        assert_eq!(ok(&w).name, "eth0");
+        let w = Wanted {
+            iface_regex: vec![Regex::new("^fd01::10$").unwrap()],
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth1",
+                &["172.16.0.9", "fd01::10"],
+                &["172.16.0.9", "fd01::10"]
+            )
+        );
+    }
+
+    #[test]
+    fn can_reach_takes_the_longest_prefix_of_the_family() {
+        let w = Wanted {
+            iface_can_reach: Some(ip("172.16.5.5")),
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth1");
+        let w = Wanted {
+            iface_can_reach: Some(ip("8.8.8.8")),
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth0");
+    }
+
+    #[test]
+    fn ipv6_addresses_find_the_interface_as_ipv4_ones_do() {
+        // IPv6-only: --public-ipv6 finds its interface and is its address; --public-ip plays
+        // no part.
+        let w = Wanted {
+            public_ip: "192.168.0.9".parse().ok(),
+            public_ipv6: "fd01::10".parse().ok(),
+            ..v6()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth1", &["172.16.0.9", "fd01::10"], &["fd01::10"])
+        );
+        let w = Wanted {
+            iface: vec!["fd00::99".into()],
+            ..v6()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth0", &["192.168.0.9", "fd00::99"], &["fd00::99"])
+        );
+        // IPv4-only: --public-ipv6 plays no part.
+        let w = Wanted {
+            public_ipv6: "fd01::10".parse().ok(),
+            ..v4()
+        };
+        assert_eq!(ok(&w).name, "eth0");
+        let w = Wanted {
+            public_ipv6: "fd09::1".parse().ok(),
+            ..v6()
+        };
+        assert!(err(&w).starts_with("--public-ipv6 fd09::1 is not an address"));
+    }
+
+    #[test]
+    fn dual_stack_public_addresses_found_together() {
+        // --public-ip finds the interface; --public-ipv6 there is its IPv6 address.
+        let w = Wanted {
+            public_ip: "172.16.0.10".parse().ok(),
+            public_ipv6: "fd01::10".parse().ok(),
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth1",
+                &["172.16.0.10", "fd01::10"],
+                &["172.16.0.10", "fd01::10"]
+            )
+        );
+        // --public-ipv6 alone finds it; the IPv4 address is the interface's first.
+        let w = Wanted {
+            public_ipv6: "fd01::10".parse().ok(),
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth1",
+                &["172.16.0.9", "fd01::10"],
+                &["172.16.0.9", "fd01::10"]
+            )
+        );
+        // --iface by IPv4 address: --public-ipv6 of that interface is its IPv6 address...
+        let w = Wanted {
+            iface: vec!["192.168.0.99".into()],
+            public_ipv6: "fd00::99".parse().ok(),
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth0",
+                &["192.168.0.99", "fd00::99"],
+                &["192.168.0.99", "fd00::99"]
+            )
+        );
+        // ...one of another interface is only announced (flanneld refuses it).
+        let w = Wanted {
+            public_ipv6: "fd01::10".parse().ok(),
+            ..w
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth0",
+                &["192.168.0.99", "fd00::9"],
+                &["192.168.0.99", "fd01::10"]
+            )
+        );
+        // --iface by IPv6 address: that interface, its first IPv4 address.
+        let w = Wanted {
+            iface: vec!["fd01::10".into()],
+            ..dual()
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is(
+                "eth1",
+                &["172.16.0.9", "fd01::10"],
+                &["172.16.0.9", "fd01::10"]
+            )
+        );
+        // An interface without an address of one family fits only with that public address.
+        let w = Wanted {
+            iface: vec!["eth2".into()],
+            ..dual()
+        };
+        assert!(err(&w).contains("interface eth2 has no IPv4 address; give one with --public-ip"));
+        let w = Wanted {
+            public_ip: "203.0.113.7".parse().ok(),
+            ..w
+        };
+        assert_eq!(
+            summary(&ok(&w)),
+            is("eth2", &["fd02::9"], &["203.0.113.7", "fd02::9"])
+        );
     }
 }

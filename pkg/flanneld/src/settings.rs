@@ -132,6 +132,8 @@ impl Settings {
                 iface_can_reach: flags.iface_can_reach,
                 public_ip: flags.public_ip,
                 public_ipv6: flags.public_ipv6,
+                public_ip_annotation: None,
+                public_ipv6_annotation: None,
                 ipv4: true,
                 ipv6: false,
             },

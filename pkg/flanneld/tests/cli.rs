@@ -142,6 +142,9 @@ fn healthz_readyz_and_systemd_readiness() {
             ("FLANNELD_REGISTRY_DIR", &reg),
             ("FLANNELD_HEALTHZ_PORT", "8471"),
             ("FLANNELD_HEALTHZ_IP", "127.0.0.1"),
+            // Not this host's address: announced as it is, from eth0 (without --iface the
+            // interface would be the one holding it, and there is none).
+            ("FLANNELD_IFACE", "eth0"),
             ("FLANNELD_PUBLIC_IP", "192.168.100.77"),
             ("FLANNELD_IP_MASQ", "true"),
             ("NOTIFY_SOCKET", sock_path.to_str().unwrap()),
@@ -169,7 +172,7 @@ fn healthz_readyz_and_systemd_readiness() {
 }
 
 #[test]
-fn no_default_route_and_no_iface_is_a_bad_start() {
+fn no_default_route_and_no_iface_or_a_public_ip_of_no_interface_is_a_bad_start() {
     let node = Node::new("fci");
     node.ns.ip(&["route", "del", "default"]);
     let reg = node.path("registry").display().to_string();
@@ -186,6 +189,20 @@ fn no_default_route_and_no_iface_is_a_bad_start() {
     );
     assert_eq!(b.wait_exit(T).code(), Some(2));
     assert!(b.log_text().contains("--iface nope0"), "{}", b.log_text());
+    // Without --iface the interface is the one holding --public-ip, and none does.
+    let mut c = Daemon::start(
+        &node,
+        "c",
+        &["--registry-dir", &reg, "--public-ip", "203.0.113.7"],
+        &[],
+    );
+    assert_eq!(c.wait_exit(T).code(), Some(2));
+    assert!(
+        c.log_text()
+            .contains("--public-ip 203.0.113.7 is not an address of this host"),
+        "{}",
+        c.log_text()
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use flanneld::alloc::{self, Action};
 use flanneld::config::{self, NetConfig};
 use flanneld::family::IpFamily;
 use flanneld::flags::Flags;
-use flanneld::iface::External;
+use flanneld::iface::{External, Source};
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::registry::kube::{self, NodeObject};
 use flanneld::settings::Settings;
@@ -77,6 +77,8 @@ fn local_for(text: &str, own: &str) -> (DatapathSpec, DeviceIndex) {
         iface_ipv6: "fd00::1".parse().ok(),
         public_ip: "192.168.0.1".parse().ok(),
         public_ipv6: "fd00::1".parse().ok(),
+        public_ip_source: Source::Interface,
+        public_ipv6_source: Source::Interface,
         addrs: vec![
             "192.168.0.1/24".parse().unwrap(),
             "fd00::1/64".parse().unwrap(),

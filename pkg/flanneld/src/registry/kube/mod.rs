@@ -151,6 +151,7 @@ impl KubeRegistry {
                         self.names.node_public_ip
                     );
                     wanted.public_ip = Some(ip);
+                    wanted.public_ip_annotation = Some(self.names.node_public_ip.clone());
                 }
                 if let Some(ip) = v6 {
                     info!(
@@ -158,6 +159,7 @@ impl KubeRegistry {
                         self.names.node_public_ipv6
                     );
                     wanted.public_ipv6 = Some(ip);
+                    wanted.public_ipv6_annotation = Some(self.names.node_public_ipv6.clone());
                 }
             }
             Ok(Err(KubeError::NotFound(_))) => {}
