@@ -8,7 +8,7 @@
 
 use std::path::Path;
 use std::time::{Duration, Instant};
-use testkit::cluster::{Cluster, Family, Node, Registry};
+use testkit::cluster::{wait_for, Cluster, Family, Node, Registry};
 
 const FLANNELD: &str = env!("CARGO_BIN_EXE_flanneld");
 const T: Duration = Duration::from_secs(30);
@@ -382,4 +382,107 @@ backend_tests! {
     host_gw_kube, "chk": Registry::Kube, Backend::HostGw, Style::Nexthop;
     vxlan_plain_routes, "cvp": Registry::Embedded, Backend::Vxlan, Style::Plain;
     host_gw_plain_routes, "chp": Registry::Embedded, Backend::HostGw, Style::Plain;
+}
+
+// ---- the external interface found by the public address ------------------------------------
+
+/// Node 3 has a second port on the underlay, eth1 at 192.168.77.103 beside eth0's .3, and its
+/// flanneld gets no --iface but that address as its public one: `--public-ip`, or with the
+/// kube registry the `node-public-ip` annotation, which takes the flag's place. As in
+/// flanneld, eth1 (the interface holding it) is the external interface, at that address: the
+/// others send node 3's traffic there, node 3 sends from there, and pods reach each other.
+fn a_node_is_reached_at_its_public_ip_on_a_second_interface(
+    prefix: &str,
+    registry: Registry,
+    backend: Backend,
+) {
+    const PUBLIC: &str = "192.168.77.103";
+    let mut c = Cluster::new(prefix, 77, 3, registry, backend.config());
+    c.add_port(3, "eth1", &[&format!("{PUBLIC}/24")]);
+    c.set_flanneld_iface(3, None);
+    let mut extra = vec![];
+    if registry == Registry::Kube {
+        let ann = serde_json::json!({"metadata": {"annotations": {
+            "flannel.alpha.coreos.com/node-public-ip": PUBLIC,
+        }}});
+        c.kube()
+            .patch_node(&testkit::cluster::kube_node_name(3), false, &ann)
+            .unwrap();
+    } else {
+        extra = vec!["--public-ip", PUBLIC];
+    }
+    for i in 1..=2 {
+        c.start_flanneld(i, Path::new(FLANNELD), &[]);
+    }
+    c.start_flanneld(3, Path::new(FLANNELD), &extra);
+    for i in 1..=3 {
+        c.node(i).wait_subnet_env(T);
+    }
+    c.node(3).wait_log(
+        &format!("external interface eth1 (mtu 1500), public address {PUBLIC}"),
+        T,
+    );
+
+    let subnet = cidr_of_key(&c.node(3).lease_key(T));
+    for i in 1..=2 {
+        let n = c.node(i);
+        // host-gw: a route via the address; vxlan: the FDB entry of node 3's VTEP names it.
+        let reached = || match backend {
+            Backend::HostGw => n
+                .routes_to(Family::V4, &subnet)
+                .iter()
+                .any(|r| r["gateway"] == PUBLIC && r["dev"] == "eth0"),
+            _ => n.fdb().contains(&format!(" dst {PUBLIC} ")),
+        };
+        wait_for(
+            &format!("node {i}'s entries to node 3's {subnet} at {PUBLIC}"),
+            SETTLE,
+            || reached().then_some(()),
+        );
+    }
+    // Node 3 sends from eth1: host-gw's routes go out of it, vxlan's device is bound to it.
+    let three = c.node(3);
+    match backend {
+        Backend::HostGw => {
+            for other in [1, 2] {
+                let to = cidr_of_key(&c.node(other).lease_key(T));
+                wait_for(
+                    &format!("node 3's route to node {other}'s {to} out of eth1"),
+                    SETTLE,
+                    || {
+                        three
+                            .routes_to(Family::V4, &to)
+                            .iter()
+                            .any(|r| r["dev"] == "eth1")
+                            .then_some(())
+                    },
+                );
+            }
+        }
+        _ => {
+            let dev = three.ns.ip(&["-d", "link", "show", "flannel.1"]);
+            assert!(
+                dev.contains(&format!("local {PUBLIC} dev eth1 ")),
+                "node 3's flannel.1:\n{dev}"
+            );
+        }
+    }
+    for i in 1..=3 {
+        c.add_pod(i);
+    }
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
+}
+
+#[test]
+fn host_gw_a_node_is_reached_at_its_public_ip_on_a_second_interface() {
+    a_node_is_reached_at_its_public_ip_on_a_second_interface(
+        "cih",
+        Registry::Embedded,
+        Backend::HostGw,
+    );
+}
+
+#[test]
+fn vxlan_kube_a_node_is_reached_at_its_node_public_ip_on_a_second_interface() {
+    a_node_is_reached_at_its_public_ip_on_a_second_interface("civ", Registry::Kube, Backend::Vxlan);
 }
