@@ -135,7 +135,9 @@ impl Families {
 }
 
 /// The first IPv4 and the first IPv6 network of `podCIDRs` (of `podCIDR` when the list is
-/// empty), whichever comes first in the list.
+/// empty), whichever comes first in the list. A network of prefix 0 (every address) is no
+/// node's subnet, and a lease key cannot hold it: flannel's key writes "no IPv4 subnet" as
+/// `0.0.0.0-0`.
 pub fn pod_cidrs(spec: &NodeSpec) -> Result<(Option<Ipv4Network>, Option<Ipv6Network>), String> {
     let list: Vec<&str> = if spec.pod_cidrs.is_empty() {
         [spec.pod_cidr.as_str()]
@@ -155,6 +157,11 @@ pub fn pod_cidrs(spec: &NodeSpec) -> Result<(Option<Ipv4Network>, Option<Ipv6Net
         let net: IpNetwork = c
             .parse()
             .map_err(|e| format!("podCIDR {c:?} is not a network: {e}"))?;
+        if net.prefix() == 0 {
+            return Err(format!(
+                "podCIDR {c:?} covers every address: it is no node's subnet"
+            ));
+        }
         // Go's ParseCIDR gives the network, whatever host bits the text has.
         match net {
             IpNetwork::V4(n) => {
@@ -398,6 +405,35 @@ mod tests {
         assert_eq!(pod_cidrs(&spec("", &[])).unwrap(), (None, None));
         assert!(pod_cidrs(&spec("", &["10.5.1.0/24", "fd00::/64", "10.5.2.0/24"])).is_err());
         assert!(pod_cidrs(&spec("banana", &[])).is_err());
+        // Prefix 0, whatever the host bits, in either family.
+        for c in ["10.244.4.42/0", "0.0.0.0/0", "::/0", "fd00::4/0"] {
+            let e = pod_cidrs(&spec(c, &[])).unwrap_err();
+            assert!(e.contains(c) && e.contains("every address"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_node_whose_pod_cidr_is_every_address_gives_no_lease() {
+        // Found by the kube_node fuzz target: 10.244.4.42/0 became the IPv4 subnet 0.0.0.0/0,
+        // whose key (0.0.0.0-0) says "no IPv4 subnet", so the dual-stack lease read back
+        // as an IPv6-only one and the IPv4-only lease's key did not parse at all.
+        let a = names();
+        let mut n = flannel_node("d", "10.244.4.42/0", "192.168.1.4");
+        n.metadata
+            .annotations
+            .insert(a.public_ipv6.clone(), "fd00::4".into());
+        n.spec.pod_cidrs = vec!["fd00:0:0:4::/64".into(), "10.244.4.42/0".into()];
+        let both = Families {
+            ipv4: true,
+            ipv6: true,
+        };
+        for families in [V4, both] {
+            let e = node_lease(&n, &a, families).unwrap_err();
+            assert!(e.contains("10.244.4.42/0"), "{e}");
+            assert!(node_entry(&n, &a, families).is_err());
+        }
+        let c = cfg(r#"{"Network":"10.244.0.0/16"}"#);
+        assert!(own_subnet(&n, &c).is_err());
     }
 
     #[test]
