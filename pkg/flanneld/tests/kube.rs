@@ -431,7 +431,10 @@ fn a_node_without_a_pod_cidr_waits_and_one_outside_the_network_is_refused() {
     c.kube().delete_node("node1").unwrap();
     c.create_kube_node(1, false);
     c.start_flanneld(1, Path::new(FLANNELD), HEALTHZ);
-    c.node(1).wait_log("no podCIDR", T);
+    c.node(1).wait_log(
+        "has no podCIDR yet; waiting for the cluster to assign one (the controller manager's --allocate-node-cidrs)",
+        T,
+    );
     wait_for("/readyz to answer 503", T, || {
         (http_code(c.node(1), "/readyz") == "503").then_some(())
     });

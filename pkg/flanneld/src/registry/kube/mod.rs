@@ -241,7 +241,8 @@ impl KubeRegistry {
                 None => {
                     if waiting.due() {
                         info!(
-                            "node {name:?} has no podCIDR yet; waiting for the cluster to assign                              one (the controller manager's --allocate-node-cidrs)"
+                            "node {name:?} has no podCIDR yet; waiting for the cluster to assign \
+                             one (the controller manager's --allocate-node-cidrs)"
                         );
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
