@@ -572,11 +572,23 @@ impl Observer {
         Observer { nl, dev }
     }
 
+    /// IPv4 ones on flannel.1, directly or through a nexthop object on it.
     fn routes(&self) -> usize {
+        let on_dev: std::collections::HashSet<u32> = self
+            .nl
+            .nexthops()
+            .expect("listing nexthops")
+            .iter()
+            .filter(|n| n.device == self.dev)
+            .map(|n| n.id)
+            .collect();
         let routes = self.nl.routes().expect("listing routes");
         routes
             .iter()
-            .filter(|r| r.oif == Some(self.dev) && r.dst.is_ipv4())
+            .filter(|r| {
+                r.dst.is_ipv4()
+                    && (r.oif == Some(self.dev) || r.nhid.is_some_and(|id| on_dev.contains(&id)))
+            })
             .count()
     }
 
