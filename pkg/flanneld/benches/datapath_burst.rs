@@ -20,9 +20,8 @@ mod watch;
 use cni_kernel::Netns;
 use common::*;
 use etcd_client::{Client, Txn, TxnOp};
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
-use watch::{Counts, Watch};
+use watch::{peer, Counts, Watch};
 
 /// Leases per transaction.
 const CHUNK: usize = 5000;
@@ -42,22 +41,6 @@ impl Backend {
             Backend::HostGw => "host-gw",
         }
     }
-}
-
-/// Node `i`'s subnet (10.1.0.0/24 upwards), public address (172.16.0.2 upwards, on this
-/// node's eth0 link for host-gw) and VtepMAC.
-fn peer(i: usize) -> (Ipv4Addr, Ipv4Addr, String) {
-    let i = i as u32;
-    (
-        Ipv4Addr::from(0x0a01_0000 + (i << 8)),
-        Ipv4Addr::from(0xac10_0002 + i),
-        format!(
-            "02:00:00:{:02x}:{:02x}:{:02x}",
-            (i >> 16) & 0xff,
-            (i >> 8) & 0xff,
-            i & 0xff
-        ),
-    )
 }
 
 fn lease_key(i: usize) -> String {

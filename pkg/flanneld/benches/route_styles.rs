@@ -13,9 +13,8 @@ mod watch;
 
 use common::Node;
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
-use watch::{Counts, Watch};
+use watch::{peer, Counts, Watch};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Backend {
@@ -27,21 +26,6 @@ enum Backend {
 enum Style {
     Plain,
     Nexthop,
-}
-
-/// Node `i`'s subnet (10.1.0.0/24 upwards), public address (172.16.0.2 upwards) and VtepMAC.
-fn peer(i: usize) -> (Ipv4Addr, Ipv4Addr, String) {
-    let i = i as u32;
-    (
-        Ipv4Addr::from(0x0a01_0000 + (i << 8)),
-        Ipv4Addr::from(0xac10_0002 + i),
-        format!(
-            "02:00:00:{:02x}:{:02x}:{:02x}",
-            (i >> 16) & 0xff,
-            (i >> 8) & 0xff,
-            i & 0xff
-        ),
-    )
 }
 
 /// The `ip` and `bridge` batches that add the N nodes' entries, and those that remove them.

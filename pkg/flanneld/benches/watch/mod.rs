@@ -7,7 +7,7 @@ use cni_kernel::netlink::{Event, Events};
 use cni_kernel::Netns;
 use futures::StreamExt;
 use ipnetwork::Ipv4Network;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -184,4 +184,20 @@ fn count(state: &(Mutex<State>, Condvar), e: &Event, network: Ipv4Network) {
     }
     s.last = Some(Instant::now());
     changed.notify_all();
+}
+
+/// Node `i`'s subnet (10.1.0.0/24 upwards), public address (172.16.0.2 upwards; a bench that
+/// routes via it puts it on the node's eth0 link) and VtepMAC: the remote nodes of the benches.
+pub fn peer(i: usize) -> (Ipv4Addr, Ipv4Addr, String) {
+    let i = i as u32;
+    (
+        Ipv4Addr::from(0x0a01_0000 + (i << 8)),
+        Ipv4Addr::from(0xac10_0002 + i),
+        format!(
+            "02:00:00:{:02x}:{:02x}:{:02x}",
+            (i >> 16) & 0xff,
+            (i >> 8) & 0xff,
+            i & 0xff
+        ),
+    )
 }
