@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit tests and kernel tests (as root, in throwaway namespaces).
-# A test that needs what this machine lacks (a kernel feature, a package) passes without
-# running only outside CI, and is then listed at the end (testkit::runs_here); with CI set
-# (.ci/run sets it) such a test fails instead.
+# A test that needs what this machine lacks passes without running and is listed at the end
+# (testkit::runs_here): a kernel feature (no install provides one) everywhere; a package only
+# outside CI, since with CI set (.ci/run sets it) deps.sh has installed it and a missing one
+# fails the test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
