@@ -85,15 +85,51 @@ pub fn is_mine(cfg: &NetConfig, node: &Node, lease: &Lease) -> bool {
     }
 }
 
-/// Up to `limit` free subnet starts from `min` to `max` by `step`.
-fn free(min: u128, max: u128, step: u128, used: &HashSet<u128>, limit: usize) -> Vec<u128> {
+/// The address space held by leases of one family: the networks of leases of the config's
+/// subnet length (looked up at once), and the ranges of any other length, left by an earlier
+/// SubnetLen, which a candidate must not overlap either (as flanneld checks).
+#[derive(Debug, Default)]
+struct Taken {
+    same: HashSet<u128>,
+    other: Vec<(u128, u128)>,
+}
+
+impl Taken {
+    /// `subnets` as (network, host bits) pairs; `bits` is the config's host bits.
+    fn new(subnets: impl Iterator<Item = (u128, u32)>, bits: u32) -> Taken {
+        let mut t = Taken::default();
+        for (net, host) in subnets {
+            if host == bits {
+                t.same.insert(net);
+            } else {
+                let last = net.saturating_add(size(host) - 1);
+                t.other.push((net, last));
+            }
+        }
+        t
+    }
+
+    /// Whether the subnet at `at` of `bits` host bits overlaps a held one.
+    fn holds(&self, at: u128, bits: u32) -> bool {
+        let last = at.saturating_add(size(bits) - 1);
+        self.same.contains(&at) || self.other.iter().any(|&(s, e)| s <= last && at <= e)
+    }
+}
+
+/// The number of addresses of a subnet with `host` host bits (2^128 saturates).
+fn size(host: u32) -> u128 {
+    1u128.checked_shl(host).unwrap_or(u128::MAX)
+}
+
+/// Up to `limit` free subnet starts from `min` to `max`, of `bits` host bits each.
+fn free(min: u128, max: u128, bits: u32, used: &Taken, limit: usize) -> Vec<u128> {
     let mut out = Vec::new();
     let mut at = min;
     while at <= max && out.len() < limit {
-        if !used.contains(&at) {
+        if !used.holds(at, bits) {
             out.push(at);
         }
-        match at.checked_add(step) {
+        match at.checked_add(size(bits)) {
             Some(next) => at = next,
             None => break,
         }
@@ -124,23 +160,31 @@ pub fn choose(
         });
     }
     let others = leases.iter().filter(|l| !stale.contains(&l.key));
-    let used4: HashSet<u128> = others
-        .clone()
-        .filter_map(|l| l.key.ipv4)
-        .map(|n| u128::from(u32::from(n.network())))
-        .collect();
-    let used6: HashSet<u128> = others
-        .filter_map(|l| l.key.ipv6)
-        .map(|n| u128::from(n.network()))
-        .collect();
+    let bits4 = cfg.ipv4.as_ref().map_or(0, |f| 32 - u32::from(f.subnet_len));
+    let bits6 = cfg.ipv6.as_ref().map_or(0, |f| 128 - u32::from(f.subnet_len));
+    let used4 = Taken::new(
+        others.clone().filter_map(|l| l.key.ipv4).map(|n| {
+            (
+                u128::from(u32::from(n.network())),
+                32 - u32::from(n.prefix()),
+            )
+        }),
+        bits4,
+    );
+    let used6 = Taken::new(
+        others
+            .filter_map(|l| l.key.ipv6)
+            .map(|n| (u128::from(n.network()), 128 - u32::from(n.prefix()))),
+        bits6,
+    );
 
     if let Some(prev) = previous.filter(|p| fits(cfg, p)) {
         let free4 = prev
             .ipv4
-            .is_none_or(|n| !used4.contains(&u128::from(u32::from(n.network()))));
+            .is_none_or(|n| !used4.holds(u128::from(u32::from(n.network())), bits4));
         let free6 = prev
             .ipv6
-            .is_none_or(|n| !used6.contains(&u128::from(n.network())));
+            .is_none_or(|n| !used6.holds(u128::from(n.network()), bits6));
         if free4 && free6 {
             return Ok(Plan {
                 stale,
@@ -152,10 +196,9 @@ pub fn choose(
     let ipv4 = match &cfg.ipv4 {
         None => None,
         Some(f) => {
-            let step = 1u128 << (32 - f.subnet_len);
             let min = u128::from(u32::from(f.subnet_min.network()));
             let max = u128::from(u32::from(f.subnet_max.network()));
-            let cands = free(min, max, step, &used4, CANDIDATES);
+            let cands = free(min, max, bits4, &used4, CANDIDATES);
             if cands.is_empty() {
                 return Err(OutOfSubnets { family: "IPv4" });
             }
@@ -166,10 +209,9 @@ pub fn choose(
     let ipv6 = match &cfg.ipv6 {
         None => None,
         Some(f) => {
-            let step = 1u128 << (128 - u32::from(f.subnet_len));
             let min = u128::from(f.subnet_min.network());
             let max = u128::from(f.subnet_max.network());
-            let cands = free(min, max, step, &used6, CANDIDATES);
+            let cands = free(min, max, bits6, &used6, CANDIDATES);
             if cands.is_empty() {
                 return Err(OutOfSubnets { family: "IPv6" });
             }
@@ -242,6 +284,52 @@ mod tests {
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.0.128-25").unwrap())
+        );
+    }
+
+    #[test]
+    fn a_subnet_overlapping_a_lease_of_another_length_is_never_chosen() {
+        // Leases of an earlier SubnetLen 24 stay live after the config moved to 25: neither
+        // half of a held /24 may be handed out, nor a /25 previous subnet inside one.
+        let c = cfg(r#"{"Network":"10.5.0.0/16","SubnetLen":25}"#);
+        let held = [
+            lease("10.5.1.0-24", "192.168.0.1"),
+            lease("10.5.2.0-24", "192.168.0.2"),
+            lease("10.5.3.0-25", "192.168.0.3"),
+        ];
+        let mut all = |n: usize| n - 1;
+        // SubnetMin is 10.5.0.128, the second /25; then 10.5.3.128 is the next free one.
+        let mut second = |_: usize| 1;
+        let plan = choose(&c, &held, &me(), None, &mut second).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.3.128-25").unwrap())
+        );
+        // Of the first 100 free /25s, none is inside 10.5.1.0/24 or 10.5.2.0/24.
+        let plan = choose(&c, &held, &me(), None, &mut all).unwrap();
+        let Action::Create(last) = plan.action else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(last, SubnetKey::parse("10.5.52.128-25").unwrap());
+        let prev = SubnetKey::parse("10.5.2.128-25").ok();
+        let plan = choose(&c, &held, &me(), prev, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.0.128-25").unwrap())
+        );
+        // And the other way round: a /23 lease holds both /24s inside it.
+        let c = cfg(r#"{"Network":"10.5.0.0/16"}"#);
+        let plan = choose(
+            &c,
+            &[lease("10.5.0.0-23", "192.168.0.1")],
+            &me(),
+            None,
+            &mut first,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.2.0-24").unwrap())
         );
     }
 
