@@ -160,8 +160,14 @@ pub fn choose(
         });
     }
     let others = leases.iter().filter(|l| !stale.contains(&l.key));
-    let bits4 = cfg.ipv4.as_ref().map_or(0, |f| 32 - u32::from(f.subnet_len));
-    let bits6 = cfg.ipv6.as_ref().map_or(0, |f| 128 - u32::from(f.subnet_len));
+    let bits4 = cfg
+        .ipv4
+        .as_ref()
+        .map_or(0, |f| 32 - u32::from(f.subnet_len));
+    let bits6 = cfg
+        .ipv6
+        .as_ref()
+        .map_or(0, |f| 128 - u32::from(f.subnet_len));
     let used4 = Taken::new(
         others.clone().filter_map(|l| l.key.ipv4).map(|n| {
             (

@@ -156,6 +156,60 @@ fn ten_dual_stack_daemons_started_at_once_share_no_subnet_of_either_family() {
     }
 }
 
+/// Every lease lost at once (etcd restored from an old backup, or wiped): ten dual-stack
+/// daemons starting together each take back the subnets of their subnet.env, and none has to
+/// choose again, since the leases created meanwhile share no subnet with its own.
+#[test]
+fn ten_dual_stack_daemons_that_lost_their_leases_take_them_back_without_choosing_again() {
+    let node = Node::new("fdl");
+    node.ns
+        .ip(&["addr", "add", "fd00::1/64", "dev", "eth0", "nodad"]);
+    let etcd = Etcd::start(&node);
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:5::/48","Backend":{"Type":"alloc"}}"#,
+    );
+    let start = |i: usize| {
+        daemon(
+            &node,
+            &etcd,
+            &format!("l{i}"),
+            &format!("192.168.100.{}", 20 + i),
+            &["--public-ipv6", &format!("fd00::{}", 20 + i)],
+        )
+    };
+    let mut first: Vec<Daemon> = (0..10).map(start).collect();
+    let keys: Vec<String> = first
+        .iter()
+        .map(|d| {
+            d.wait_log("leased subnet", T);
+            let line = d.log_text();
+            let at = line.find("leased subnet ").unwrap_or(0) + "leased subnet ".len();
+            line[at..]
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    for d in &mut first {
+        d.stop();
+    }
+    etcd.delete_prefix(&node, &format!("{PREFIX}/subnets/"));
+    let mut again: Vec<Daemon> = (0..10).map(start).collect();
+    for (d, key) in again.iter_mut().zip(&keys) {
+        d.wait_log(&format!("leased subnet {key} "), T);
+        assert!(!d.log_text().contains("choosing again"), "{}", d.log_text());
+        assert!(d.running(), "a daemon exited:\n{}", d.log_text());
+    }
+    let mut held = etcd.lease_keys(&node);
+    held.sort();
+    let mut want = keys.clone();
+    want.sort();
+    assert_eq!(held, want);
+}
+
 #[test]
 fn leases_written_as_flanneld_writes_them_are_nodes_and_bad_ones_are_skipped() {
     let node = Node::new("fdf");

@@ -5,7 +5,7 @@ use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
 use crate::lease::SubnetKey;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
+    PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -18,6 +18,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// default, 4 MiB, is the listing of about 20,000 leases, and a transaction's events come to a
 /// watcher in one message.
 const MAX_ANSWER: usize = i32::MAX as usize;
+
+/// How often a dual-stack create is tried again when only leases that share none of its
+/// subnets were created since its listing, before the node lists and chooses anew.
+const GUARDED_TRIES: usize = 50;
 
 #[derive(Debug, Clone, Default)]
 pub struct EtcdOptions {
@@ -111,6 +115,84 @@ impl EtcdRegistry {
         format!("{}{key}", self.subnets_prefix())
     }
 
+    /// Puts the lease if its key is free and, for a dual-stack key, no lease created since
+    /// `listed` shares either of its subnets: such a key names both families, so another
+    /// node's new key may differ from ours and still hold one of our subnets. The create is
+    /// guarded by no lease having been created since; when another was, the leases created
+    /// meanwhile come back in the same answer, and without a shared subnet the put is tried
+    /// again from that answer's revision, so nodes starting together do not take turns.
+    async fn create_guarded(
+        &self,
+        c: &mut Client,
+        key: &SubnetKey,
+        path: &str,
+        value: &str,
+        lease: i64,
+        listed: i64,
+    ) -> Result<()> {
+        let prefix = self.subnets_prefix();
+        let dual = key.ipv4.is_some() && key.ipv6.is_some();
+        let mut since = listed;
+        for _ in 0..GUARDED_TRIES {
+            let mut when = vec![Compare::version(path, CompareOp::Equal, 0)];
+            let mut otherwise = Vec::new();
+            if dual {
+                when.push(
+                    Compare::create_revision(prefix.as_str(), CompareOp::Less, since + 1)
+                        .with_prefix(),
+                );
+                otherwise.push(TxnOp::get(path, Some(GetOptions::new().with_keys_only())));
+                otherwise.push(TxnOp::get(
+                    prefix.as_str(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_min_create_revision(since + 1),
+                    ),
+                ));
+            }
+            let txn = Txn::new()
+                .when(when)
+                .and_then([TxnOp::put(
+                    path,
+                    value,
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else(otherwise);
+            let r = timed(&format!("creating {path}"), c.txn(txn)).await?;
+            if r.succeeded() {
+                return Ok(());
+            }
+            if !dual {
+                return Err(RegistryError::Exists(*key));
+            }
+            let answers = r.op_responses();
+            let keys = |i: usize| match answers.get(i) {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
+                            .into_owned()
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let shares = keys(1)
+                .iter()
+                .any(|k| SubnetKey::parse(k).is_ok_and(|held| held.shares_a_subnet_with(key)));
+            if !keys(0).is_empty() || shares {
+                return Err(RegistryError::Exists(*key));
+            }
+            match r.header().map(|h| h.revision()) {
+                Some(rev) if rev > since => since = rev,
+                _ => return Err(RegistryError::Exists(*key)),
+            }
+        }
+        Err(RegistryError::Exists(*key))
+    }
+
     async fn grant(&self, ttl: Duration) -> Result<i64> {
         let mut c = self.client.clone();
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
@@ -180,31 +262,16 @@ impl Registry for EtcdRegistry {
     ) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        // The key must be free, and no lease created since the listing: another node's new
-        // key may differ from ours and still share its IPv4 or IPv6 subnet.
-        let prefix = self.subnets_prefix();
-        let txn = Txn::new()
-            .when([
-                Compare::version(path.as_str(), CompareOp::Equal, 0),
-                Compare::create_revision(prefix.as_str(), CompareOp::Less, listed + 1)
-                    .with_prefix(),
-            ])
-            .and_then([TxnOp::put(
-                path.as_str(),
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
         let mut c = self.client.clone();
-        let resp = timed(&format!("creating {path}"), c.txn(txn)).await;
-        match resp {
-            Ok(r) if r.succeeded() => Ok(SystemTime::now() + ttl),
-            other => {
+        let result = self
+            .create_guarded(&mut c, key, &path, value, lease, listed)
+            .await;
+        match result {
+            Ok(()) => Ok(SystemTime::now() + ttl),
+            Err(e) => {
                 // The grant would only expire by itself; give it back now.
                 let _ = timed("revoking an unused etcd lease", c.lease_revoke(lease)).await;
-                match other {
-                    Ok(_) => Err(RegistryError::Exists(*key)),
-                    Err(e) => Err(e),
-                }
+                Err(e)
             }
         }
     }
