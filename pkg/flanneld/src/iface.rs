@@ -351,7 +351,9 @@ fn by_regex<'a>(links: &'a [LinkFacts], re: &Regex, want: &Wanted) -> Result<Fou
         .ok_or_else(|| "no interface name or address matches".into())
 }
 
-/// `--iface-can-reach`: the interface of the route to `dst`.
+/// `--iface-can-reach`: the interface of the route to `dst`; where `dst` is on a subnet of one
+/// of its addresses, that address, as the kernel's source for it (flanneld takes the route's
+/// source).
 fn by_route<'a>(
     links: &'a [LinkFacts],
     routes: &[Route],
@@ -360,7 +362,16 @@ fn by_route<'a>(
     route_to(routes, dst)
         .and_then(|r| r.oif)
         .and_then(|i| links.iter().find(|l| l.index == i))
-        .map(Found::link)
+        .map(|link| Found {
+            link,
+            by: link
+                .addrs
+                .iter()
+                .filter(|a| usable(a) && a.contains(dst))
+                .map(|a| a.ip())
+                .take(1)
+                .collect(),
+        })
         .ok_or_else(|| "no route reaches it".into())
 }
 
@@ -608,6 +619,34 @@ mod tests {
     fn is(name: &str, iface: &[&str], public: &[&str]) -> (String, Vec<String>, Vec<String>) {
         let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect();
         (name.into(), s(iface), s(public))
+    }
+
+    #[test]
+    fn iface_can_reach_takes_the_address_on_the_destinations_subnet() {
+        let links = vec![link(2, "eth0", 1500, &["192.168.0.5/24", "10.1.0.5/16"])];
+        let routes = vec![
+            Route {
+                dst: net("0.0.0.0/0"),
+                oif: Some(2),
+            },
+            Route {
+                dst: net("10.1.0.0/16"),
+                oif: Some(2),
+            },
+        ];
+        let reach = |dst: &str| {
+            let w = Wanted {
+                iface_can_reach: Some(ip(dst)),
+                ..v4()
+            };
+            summary(&choose(&links, &routes, &w).unwrap())
+        };
+        assert_eq!(reach("10.1.0.1"), is("eth0", &["10.1.0.5"], &["10.1.0.5"]));
+        // Through a gateway: the interface's first address.
+        assert_eq!(
+            reach("8.8.8.8"),
+            is("eth0", &["192.168.0.5"], &["192.168.0.5"])
+        );
     }
 
     #[test]
