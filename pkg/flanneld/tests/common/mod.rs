@@ -339,19 +339,7 @@ impl Daemon {
 
     /// User plus system CPU time used so far.
     pub fn cpu_time(&self) -> Duration {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // Fields after the command name, which is in parentheses: utime and stime are 14 and 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .unwrap_or(100) as u64;
-        Duration::from_millis(ticks * 1000 / hz.max(1))
+        testkit::cpu_time(self.pid())
     }
 
     pub fn log_text(&self) -> String {
