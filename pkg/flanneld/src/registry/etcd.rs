@@ -23,6 +23,11 @@ const MAX_ANSWER: usize = i32::MAX as usize;
 /// subnets were created since its listing, before the node lists and chooses anew.
 const GUARDED_TRIES: usize = 50;
 
+/// A lease's key without the subnets prefix: its last element, `10.5.52.0-24`.
+fn lease_name(prefix: &str, key: &[u8]) -> String {
+    String::from_utf8_lossy(&key[prefix.len().min(key.len())..]).into_owned()
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct EtcdOptions {
     pub endpoints: Vec<String>,
@@ -172,10 +177,7 @@ impl EtcdRegistry {
                 Some(TxnOpResponse::Get(g)) => g
                     .kvs()
                     .iter()
-                    .map(|kv| {
-                        String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
-                            .into_owned()
-                    })
+                    .map(|kv| lease_name(&prefix, kv.key()))
                     .collect(),
                 _ => Vec::new(),
             };
@@ -241,8 +243,7 @@ impl Registry for EtcdRegistry {
             .kvs()
             .iter()
             .map(|kv| Entry {
-                key: String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
-                    .into_owned(),
+                key: lease_name(&prefix, kv.key()),
                 value: kv.value().to_vec(),
             })
             .collect();
@@ -334,8 +335,7 @@ impl Registry for EtcdRegistry {
             }
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
-                let key = String::from_utf8_lossy(&kv.key()[prefix.len().min(kv.key().len())..])
-                    .into_owned();
+                let key = lease_name(&prefix, kv.key());
                 let change = match ev.event_type() {
                     EventType::Put => Change::Put(Entry {
                         key,
