@@ -34,7 +34,7 @@ fn regex(s: &str) -> Result<regex::Regex, String> {
 )]
 pub struct Flags {
     /// etcd v3 endpoints, comma separated. Without them and without --registry-dir, flanneld's
-    /// default: http://127.0.0.1:2379.
+    /// default: http://127.0.0.1:4001,http://127.0.0.1:2379.
     #[arg(
         long,
         env = "FLANNELD_ETCD_ENDPOINTS",
@@ -157,6 +157,12 @@ pub struct Flags {
           default_value = "true", default_missing_value = "true", value_name = "BOOL")]
     pub nexthops: bool,
 
+    /// Add a blackhole route for this node's subnet, so that traffic to its unused addresses is
+    /// dropped rather than sent on (for setups without a bridge holding the subnet).
+    #[arg(long, env = "FLANNELD_IP_BLACKHOLE_ROUTE", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub ip_blackhole_route: bool,
+
     /// Seconds between checks that the firewall rules are still in place.
     #[arg(
         long,
@@ -251,6 +257,17 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
 
+    #[command(flatten)]
+    pub klog: KlogFlags,
+}
+
+/// klog's flags, as Go's flanneld registers them: it takes -v, -vmodule and -log_backtrace_at
+/// (also as FLANNELD_V, FLANNELD_VMODULE, FLANNELD_LOG_BACKTRACE_AT), klog the rest. Each is
+/// taken here, so that a unit or DaemonSet written for Go's flanneld starts this one: mapped onto
+/// the log where it means something, otherwise named in a warning at start.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Go flanneld's logging flags (klog)")]
+pub struct KlogFlags {
     /// Log verbosity: 0 info, 1 to 4 debug, 5 and above trace.
     #[arg(
         short = 'v',
@@ -260,6 +277,269 @@ pub struct Flags {
         value_name = "LEVEL"
     )]
     pub verbosity: u8,
+
+    /// pattern=N,...: verbosity N for the modules a pattern names (`*` and `?` match; a
+    /// pattern matches any part of a module path such as flanneld::registry::kube, or with
+    /// `/` the whole path), instead of -v. Go's patterns name Go source files; ours, modules.
+    #[arg(long = "vmodule", env = "FLANNELD_VMODULE", value_parser = vmodule,
+          value_name = "PATTERN=N,...")]
+    pub vmodule: Option<VModule>,
+
+    /// Only log lines at or above this severity: INFO, WARNING, ERROR, FATAL (or 0 to 3).
+    /// Default INFO, as Go's flanneld sets it.
+    #[arg(long = "stderrthreshold", value_parser = severity, value_name = "SEVERITY")]
+    pub stderrthreshold: Option<u8>,
+
+    /// true: -stderrthreshold is ignored while -logtostderr is true (klog's old behaviour).
+    #[arg(long = "legacy_stderr_threshold_behavior", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub legacy_stderr_threshold_behavior: bool,
+
+    /// Logs go to stderr (the only place flanneld logs to; false is warned about).
+    #[arg(long = "logtostderr", value_parser = go_bool, num_args = 0..=1,
+          default_value = "true", default_missing_value = "true", value_name = "BOOL")]
+    pub logtostderr: bool,
+
+    /// Logs go to stderr as well as to files: they all go to stderr already.
+    #[arg(long = "alsologtostderr", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub alsologtostderr: bool,
+
+    /// Ignored, with a warning: no stack traces of Go source lines here.
+    #[arg(long = "log_backtrace_at", env = "FLANNELD_LOG_BACKTRACE_AT",
+          value_parser = trace_location, value_name = "FILE.go:N")]
+    pub log_backtrace_at: Option<String>,
+
+    /// Ignored, with a warning: flanneld logs to stderr only.
+    #[arg(long = "log_dir", value_name = "DIR")]
+    pub log_dir: Option<String>,
+
+    /// Ignored, with a warning: flanneld logs to stderr only.
+    #[arg(long = "log_file", value_name = "PATH")]
+    pub log_file: Option<String>,
+
+    /// Ignored, with a warning: flanneld logs to stderr only.
+    #[arg(long = "log_file_max_size", value_name = "MB")]
+    pub log_file_max_size: Option<u64>,
+
+    /// Ignored, with a warning when true: the line format is --log-format's.
+    #[arg(long = "add_dir_header", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub add_dir_header: bool,
+
+    /// Ignored, with a warning when true: the line format is --log-format's.
+    #[arg(long = "skip_headers", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub skip_headers: bool,
+
+    /// Ignored, with a warning when true: there are no log files.
+    #[arg(long = "skip_log_headers", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub skip_log_headers: bool,
+
+    /// Ignored, with a warning when true: there are no log files.
+    #[arg(long = "one_output", value_parser = go_bool, num_args = 0..=1,
+          default_value = "false", default_missing_value = "true", value_name = "BOOL")]
+    pub one_output: bool,
+}
+
+/// -vmodule's patterns and their verbosities, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VModule(pub Vec<(String, u8)>);
+
+/// klog's -vmodule: `pattern=N` separated by commas; an empty item is skipped.
+fn vmodule(s: &str) -> Result<VModule, String> {
+    let mut out = Vec::new();
+    for item in s.split(',').filter(|i| !i.is_empty()) {
+        let Some((pattern, level)) = item.split_once('=') else {
+            return Err(format!("{item:?} is not pattern=N"));
+        };
+        if pattern.is_empty() {
+            return Err(format!("{item:?} has an empty pattern"));
+        }
+        let level: i32 = level
+            .parse()
+            .map_err(|_| format!("{item:?}: {level:?} is not a number"))?;
+        if level < 0 {
+            return Err(format!("{item:?}: the level is negative"));
+        }
+        out.push((pattern.to_string(), u8::try_from(level).unwrap_or(u8::MAX)));
+    }
+    Ok(VModule(out))
+}
+
+/// klog's -stderrthreshold: a severity's name in any case, or its number.
+fn severity(s: &str) -> Result<u8, String> {
+    const NAMES: [&str; 4] = ["INFO", "WARNING", "ERROR", "FATAL"];
+    if let Some(i) = NAMES.iter().position(|n| n.eq_ignore_ascii_case(s)) {
+        return Ok(i as u8);
+    }
+    let n: i32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not INFO, WARNING, ERROR, FATAL or a number"))?;
+    Ok(n.clamp(0, 3) as u8)
+}
+
+/// klog's -log_backtrace_at: empty, or `file.go:N`.
+fn trace_location(s: &str) -> Result<String, String> {
+    let ok = s.is_empty()
+        || s.split_once(':').is_some_and(|(file, line)| {
+            file.contains('.') && !line.contains(':') && line.parse::<i32>().is_ok()
+        });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?} is not file.go:N"))
+    }
+}
+
+/// A shell-style match of `*` (any run of characters but `stop`) and `?` (one character).
+fn glob(pattern: &[u8], text: &[u8], stop: u8) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => {
+            let mut i = 0;
+            loop {
+                if glob(rest, &text[i..], stop) {
+                    return true;
+                }
+                if i == text.len() || text[i] == stop {
+                    return false;
+                }
+                i += 1;
+            }
+        }
+        Some((&p, rest)) => text.split_first().is_some_and(|(&t, tail)| {
+            (p == t || (p == b'?' && t != stop)) && glob(rest, tail, stop)
+        }),
+    }
+}
+
+fn level_of(verbosity: u8) -> tracing::Level {
+    match verbosity {
+        0 => tracing::Level::INFO,
+        1..=4 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
+    }
+}
+
+/// What the logging flags ask for: which lines are written, and the flags that change nothing.
+#[derive(Debug, Clone)]
+pub struct LogPlan {
+    /// -v's level.
+    pub level: tracing::Level,
+    /// -vmodule: the first pattern matching an event's module sets its level instead of -v.
+    pub modules: Vec<(String, tracing::Level)>,
+    /// -stderrthreshold: the least severe level written whatever the verbosity.
+    pub floor: tracing::Level,
+}
+
+impl LogPlan {
+    /// Whether a line of `level` from the module `target` (a Rust module path) is written.
+    pub fn enabled(&self, target: &str, level: &tracing::Level) -> bool {
+        let wanted = self
+            .modules
+            .iter()
+            .find(|(pattern, _)| Self::names(pattern, target))
+            .map_or(self.level, |(_, l)| *l);
+        *level <= wanted && *level <= self.floor
+    }
+
+    /// The most verbose level any line can have, so that the others cost nothing.
+    pub fn max_level(&self) -> tracing::Level {
+        let most = self
+            .modules
+            .iter()
+            .map(|(_, l)| *l)
+            .fold(self.level, std::cmp::max);
+        std::cmp::min(most, self.floor)
+    }
+
+    fn names(pattern: &str, target: &str) -> bool {
+        if pattern.contains('/') {
+            glob(
+                pattern.as_bytes(),
+                target.replace("::", "/").as_bytes(),
+                b'/',
+            )
+        } else {
+            target
+                .split("::")
+                .any(|part| glob(pattern.as_bytes(), part.as_bytes(), b'/'))
+        }
+    }
+}
+
+impl KlogFlags {
+    pub fn plan(&self) -> LogPlan {
+        let threshold_applies = !(self.legacy_stderr_threshold_behavior && self.logtostderr);
+        // klog's -v lines are of INFO severity: a threshold of INFO keeps them.
+        let floor = match self.stderrthreshold.filter(|_| threshold_applies) {
+            None | Some(0) => tracing::Level::TRACE,
+            Some(1) => tracing::Level::WARN,
+            // flanneld has no fatal lines; the reasons it exits for are errors.
+            Some(_) => tracing::Level::ERROR,
+        };
+        LogPlan {
+            level: level_of(self.verbosity),
+            modules: self
+                .vmodule
+                .iter()
+                .flat_map(|v| v.0.iter())
+                .map(|(p, n)| (p.clone(), level_of(*n)))
+                .collect(),
+            floor,
+        }
+    }
+
+    /// A warning for each flag that asks for what this flanneld does not do, naming it.
+    pub fn ignored(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let stderr_only = "flanneld logs to stderr only";
+        if !self.logtostderr {
+            out.push(format!("-logtostderr=false ignored: {stderr_only}"));
+        }
+        for (flag, value) in [
+            ("log_dir", self.log_dir.clone()),
+            ("log_file", self.log_file.clone()),
+            (
+                "log_file_max_size",
+                self.log_file_max_size.map(|n| n.to_string()),
+            ),
+        ] {
+            if let Some(v) = value.filter(|v| !v.is_empty()) {
+                out.push(format!("-{flag}={v} ignored: {stderr_only}"));
+            }
+        }
+        if let Some(at) = self.log_backtrace_at.as_ref().filter(|a| !a.is_empty()) {
+            out.push(format!(
+                "-log_backtrace_at={at} ignored: it names a line of Go's flanneld"
+            ));
+        }
+        for (flag, on, why) in [
+            (
+                "add_dir_header",
+                self.add_dir_header,
+                "the line format is --log-format's",
+            ),
+            (
+                "skip_headers",
+                self.skip_headers,
+                "the line format is --log-format's",
+            ),
+            (
+                "skip_log_headers",
+                self.skip_log_headers,
+                "there are no log files",
+            ),
+            ("one_output", self.one_output, "there are no log files"),
+        ] {
+            if on {
+                out.push(format!("-{flag} ignored: {why}"));
+            }
+        }
+        out
+    }
 }
 
 /// Go's flag package takes `-flag` as well as `--flag`; units written for flanneld use both.
@@ -360,7 +640,7 @@ mod tests {
         assert_eq!(f.etcd_endpoints.len(), 2);
         assert!(f.ip_masq);
         assert_eq!(f.iface, ["eth0", "10.0.0.7"]);
-        assert_eq!(f.verbosity, 3);
+        assert_eq!(f.klog.verbosity, 3);
         let f = parse(&["--ip-masq=false", "--iptables-forward-rules=0"]).unwrap();
         assert!(!f.ip_masq && !f.iptables_forward_rules);
     }
@@ -398,5 +678,126 @@ mod tests {
             assert!(text.contains(flag) && text.contains(value), "{text}");
         }
         assert_eq!(parse(&["--no-such-flag"]).unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn every_klog_flag_is_taken_as_go_spells_it() {
+        let f = parse(&[
+            "-v=2",
+            "-vmodule=kube=4,etcd*=0,",
+            "-log_backtrace_at=main.go:120",
+            "-logtostderr",
+            "-alsologtostderr=true",
+            "-add_dir_header",
+            "-log_dir=/var/log/flannel",
+            "-log_file",
+            "/var/log/flanneld.log",
+            "-log_file_max_size=100",
+            "-one_output=true",
+            "-skip_headers",
+            "-skip_log_headers=false",
+            "-stderrthreshold=warning",
+            "-legacy_stderr_threshold_behavior=false",
+            "--etcd-endpoints=http://10.0.0.1:2379",
+        ])
+        .unwrap();
+        let k = &f.klog;
+        assert_eq!(k.verbosity, 2);
+        assert_eq!(
+            k.vmodule,
+            Some(VModule(vec![("kube".into(), 4), ("etcd*".into(), 0)]))
+        );
+        assert_eq!(k.stderrthreshold, Some(1));
+        assert_eq!(k.log_file_max_size, Some(100));
+        assert_eq!(f.etcd_endpoints, ["http://10.0.0.1:2379"]);
+        let ignored = k.ignored().join("\n");
+        for named in [
+            "-log_backtrace_at=main.go:120",
+            "-log_dir=/var/log/flannel",
+            "-log_file=/var/log/flanneld.log",
+            "-log_file_max_size=100",
+            "-add_dir_header",
+            "-one_output",
+            "-skip_headers",
+        ] {
+            assert!(ignored.contains(named), "{named} not in {ignored}");
+        }
+        // What is already so (stderr) or off is not warned about.
+        for quiet in ["logtostderr", "alsologtostderr", "skip_log_headers"] {
+            assert!(!ignored.contains(quiet), "{ignored}");
+        }
+        assert!(parse(&[]).unwrap().klog.ignored().is_empty());
+        let off = parse(&["-logtostderr=false"]).unwrap().klog.ignored();
+        assert_eq!(off.len(), 1);
+        assert!(off[0].contains("-logtostderr=false"), "{off:?}");
+    }
+
+    #[test]
+    fn klog_values_go_refuses_are_refused_naming_flag_and_value() {
+        for (arg, value) in [
+            ("-vmodule=kube", "kube"),
+            ("-vmodule=kube=x", "x"),
+            ("-vmodule=kube=-1", "kube=-1"),
+            ("-vmodule==3", "=3"),
+            ("-log_backtrace_at=main:12", "main:12"),
+            ("-log_backtrace_at=main.go:x", "main.go:x"),
+            ("-stderrthreshold=LOUD", "LOUD"),
+            ("-logtostderr=maybe", "maybe"),
+            ("-log_file_max_size=-1", "-1"),
+        ] {
+            let e = parse(&[arg]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{arg}");
+            let text = e.to_string();
+            let flag = arg.trim_start_matches('-').split('=').next().unwrap();
+            assert!(text.contains(flag) && text.contains(value), "{arg}: {text}");
+        }
+    }
+
+    #[test]
+    fn vmodule_sets_a_module_s_verbosity_instead_of_v() {
+        use tracing::Level;
+        let plan = parse(&["-v=2", "-vmodule=kube=5,flanneld/backend/*=0,?tcd=0"])
+            .unwrap()
+            .klog
+            .plan();
+        let on = |target, level| plan.enabled(target, &level);
+        // -v=2: debug everywhere else.
+        assert!(on("flanneld::daemon", Level::DEBUG));
+        assert!(!on("flanneld::daemon", Level::TRACE));
+        // kube: its module and those under it, to trace.
+        assert!(on("flanneld::registry::kube", Level::TRACE));
+        assert!(on("flanneld::registry::kube::watch", Level::TRACE));
+        // A pattern with / names the whole path: vxlan at 0, info only.
+        assert!(!on("flanneld::backend::vxlan", Level::DEBUG));
+        assert!(on("flanneld::backend::vxlan", Level::INFO));
+        assert!(on("flanneld::backend::vxlan::device", Level::DEBUG));
+        assert!(!on("flanneld::registry::etcd", Level::DEBUG));
+        assert!(on("flanneld::registry::etcdx", Level::DEBUG));
+        assert_eq!(plan.max_level(), Level::TRACE);
+        assert_eq!(parse(&[]).unwrap().klog.plan().max_level(), Level::INFO);
+    }
+
+    #[test]
+    fn stderrthreshold_drops_what_is_less_severe_as_go_s_flanneld_honours_it() {
+        use tracing::Level;
+        let plan = |args: &[&str]| parse(args).unwrap().klog.plan();
+        let p = plan(&["-v=9", "-stderrthreshold=WARNING"]);
+        assert!(!p.enabled("flanneld::daemon", &Level::INFO));
+        assert!(!p.enabled("flanneld::daemon", &Level::TRACE));
+        assert!(p.enabled("flanneld::daemon", &Level::WARN));
+        assert_eq!(p.max_level(), Level::WARN);
+        for t in ["ERROR", "2", "FATAL", "3"] {
+            let p = plan(&["--stderrthreshold", t]);
+            assert!(!p.enabled("flanneld::daemon", &Level::WARN), "{t}");
+            assert!(p.enabled("flanneld::daemon", &Level::ERROR), "{t}");
+        }
+        // INFO keeps -v's lines, which klog writes at INFO severity.
+        assert!(plan(&["-v=9", "-stderrthreshold=0"]).enabled("x", &Level::TRACE));
+        // klog's old behaviour: the threshold means nothing while logging to stderr.
+        let legacy = plan(&[
+            "-stderrthreshold=ERROR",
+            "-legacy_stderr_threshold_behavior=true",
+        ]);
+        assert!(legacy.enabled("flanneld::daemon", &Level::INFO));
     }
 }

@@ -9,7 +9,7 @@ use flanneld::registry::dir::DirRegistry;
 use flanneld::registry::etcd::EtcdRegistry;
 use flanneld::registry::kube::KubeRegistry;
 use flanneld::registry::Registry;
-use flanneld::settings::{RegistryChoice, Settings};
+use flanneld::settings::{go_environment, RegistryChoice, Settings};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -34,24 +34,23 @@ fn main() -> ExitCode {
         println!("flanneld {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
-    let level = match flags.verbosity {
-        0 => tracing::Level::INFO,
-        1..=4 => tracing::Level::DEBUG,
-        _ => tracing::Level::TRACE,
-    };
-    let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false)
-        .with_max_level(level);
-    if flags.log_format == "json" {
-        logs.json().flatten_event(true).init();
-    } else {
-        logs.init();
-    }
+    init_logs(&flags);
 
     let settings = Settings::from_flags(&flags);
     info!("{}", settings.registry.describe());
+    for ignored in flags.klog.ignored() {
+        warn!("{ignored}");
+    }
+    match go_environment(flags.kube_subnet_mgr, |k| std::env::var(k).ok()) {
+        Ok(notes) => notes.iter().for_each(|n| warn!("{n}")),
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
+    }
+    if settings.blackhole_route {
+        warn!("--ip-blackhole-route is not implemented yet: no blackhole route is added");
+    }
 
     // Netlink is read here, synchronously, before the async runtime starts.
     let ifaces = match flanneld::iface::gather() {
@@ -78,6 +77,26 @@ fn main() -> ExitCode {
     };
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
+}
+
+fn init_logs(flags: &Flags) {
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let plan = flags.klog.plan();
+    let max = plan.max_level();
+    let filter = filter_fn(move |m| plan.enabled(m.target(), m.level())).with_max_level_hint(max);
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false);
+    let layer = if flags.log_format == "json" {
+        layer.json().flatten_event(true).with_filter(filter).boxed()
+    } else {
+        layer.with_filter(filter).boxed()
+    };
+    tracing_subscriber::registry().with(layer).init();
 }
 
 async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {

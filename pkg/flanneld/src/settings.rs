@@ -8,8 +8,8 @@ use crate::registry::kube::KubeOptions;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// flanneld's etcd endpoint when neither etcd endpoints nor another registry are named.
-pub const DEFAULT_ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
+/// flanneld's etcd endpoints when neither etcd endpoints nor another registry are named.
+pub const DEFAULT_ETCD_ENDPOINTS: [&str; 2] = ["http://127.0.0.1:4001", "http://127.0.0.1:2379"];
 
 /// Where leases live.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ impl RegistryChoice {
                 defaulted: true,
             } => format!(
                 "no --etcd-endpoints or --registry-dir given: leases in etcd at flanneld's \
-                 default endpoint {} under {}",
+                 default endpoints {} under {}",
                 options.endpoints.join(","),
                 options.prefix
             ),
@@ -88,6 +88,8 @@ pub struct Settings {
     pub renew_margin: Duration,
     /// `--nexthops`: routes through nexthop objects where the kernel has them.
     pub nexthops: bool,
+    /// `--ip-blackhole-route`: a blackhole route for the node's own subnet.
+    pub blackhole_route: bool,
 }
 
 impl Settings {
@@ -115,7 +117,7 @@ impl Settings {
                 net_config: flags.net_config_path.clone(),
             },
             (None, true) => RegistryChoice::Etcd {
-                options: etcd(vec![DEFAULT_ETCD_ENDPOINT.to_string()]),
+                options: etcd(DEFAULT_ETCD_ENDPOINTS.map(String::from).to_vec()),
                 defaulted: true,
             },
             // The flags refuse both at once; etcd endpoints name a cluster, so they win.
@@ -147,8 +149,37 @@ impl Settings {
             ttl: Duration::from_secs(flags.subnet_lease_ttl),
             renew_margin: Duration::from_secs(u64::from(flags.subnet_lease_renew_margin) * 60),
             nexthops: flags.nexthops,
+            blackhole_route: flags.ip_blackhole_route,
         }
     }
+}
+
+/// What Go's flanneld reads from its environment besides the flags, as this one takes it
+/// (`lookup` is the environment): a warning for each variable that is set, Err for a value
+/// Go's flanneld ends its start for.
+pub fn go_environment(
+    kube: bool,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, String> {
+    let mut notes = Vec::new();
+    if let Some(depth) = lookup("EVENT_QUEUE_DEPTH") {
+        // Go's kube mode refuses a value that is not a number; it reads it nowhere else.
+        if kube && depth.trim().parse::<i64>().is_err() {
+            return Err(format!("EVENT_QUEUE_DEPTH={depth:?} is not a number"));
+        }
+        notes.push(format!(
+            "EVENT_QUEUE_DEPTH={depth} changes nothing here: Go's flanneld queues node events \
+             up to that depth; this one has no such queue, the Node watch waits for the daemon"
+        ));
+    }
+    if let Some(cont) = lookup("CONT_WHEN_CACHE_NOT_READY") {
+        notes.push(format!(
+            "CONT_WHEN_CACHE_NOT_READY={cont} changes nothing here: Go's flanneld exits when \
+             its node list is not read within 10 minutes unless it is true; this one never \
+             exits for that, it keeps retrying and goes on once the list is read"
+        ));
+    }
+    Ok(notes)
 }
 
 #[cfg(test)]
@@ -190,12 +221,15 @@ mod tests {
         let RegistryChoice::Etcd { options, defaulted } = &s.registry else {
             panic!("{:?}", s.registry)
         };
-        assert_eq!(options.endpoints, [DEFAULT_ETCD_ENDPOINT]);
+        assert_eq!(
+            options.endpoints,
+            ["http://127.0.0.1:4001", "http://127.0.0.1:2379"]
+        );
         assert!(*defaulted);
         assert!(s
             .registry
             .describe()
-            .contains("default endpoint http://127.0.0.1:2379"));
+            .contains("default endpoints http://127.0.0.1:4001,http://127.0.0.1:2379"));
     }
 
     #[test]
@@ -224,5 +258,44 @@ mod tests {
         );
         assert_eq!(s.iptables_resync, Duration::from_secs(5));
         assert_eq!(s.renew_margin, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn go_s_environment_variables_are_warned_about_or_refused_as_go_refuses_them() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(name, _)| *name == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(go_environment(true, env(&[])).unwrap().is_empty());
+        let notes = go_environment(
+            true,
+            env(&[
+                ("EVENT_QUEUE_DEPTH", "20000"),
+                ("CONT_WHEN_CACHE_NOT_READY", "true"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(notes.len(), 2);
+        assert!(notes[0].starts_with("EVENT_QUEUE_DEPTH=20000 changes nothing"));
+        assert!(notes[1].starts_with("CONT_WHEN_CACHE_NOT_READY=true changes nothing"));
+        // Go's kube mode ends its start for a depth that is not a number; etcd mode never reads it.
+        let e = go_environment(true, env(&[("EVENT_QUEUE_DEPTH", "lots")])).unwrap_err();
+        assert!(e.contains("EVENT_QUEUE_DEPTH") && e.contains("lots"), "{e}");
+        assert_eq!(
+            go_environment(false, env(&[("EVENT_QUEUE_DEPTH", "lots")]))
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn ip_blackhole_route_is_a_setting() {
+        assert!(!settings(&[]).blackhole_route);
+        assert!(settings(&["--ip-blackhole-route"]).blackhole_route);
     }
 }

@@ -53,7 +53,88 @@ fn help_explains_every_flag() {
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
-    assert!(run(&["--version"]).status.success());
+    for flag in [
+        "--ip-blackhole-route",
+        "--vmodule",
+        "--log_backtrace_at",
+        "--logtostderr",
+        "--stderrthreshold",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
+    }
+}
+
+#[test]
+fn go_s_logging_flags_and_environment_start_the_daemon_and_what_they_ask_for_is_said() {
+    let node = Node::new("fck");
+    let etcd = Etcd::start(&node);
+    etcd.put(
+        &node,
+        &format!("{PREFIX}/config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
+    );
+    let endpoints = format!("--etcd-endpoints={}", etcd.client_url);
+    // As a unit written for Go's flanneld carries them.
+    let a = Daemon::start(
+        &node,
+        "a",
+        &[
+            "--vmodule=x=2",
+            &endpoints,
+            "-v=2",
+            "-logtostderr",
+            "-alsologtostderr",
+            "-log_backtrace_at=main.go:120",
+            "-log_dir=/var/log/flannel",
+            "--iface",
+            "eth0",
+        ],
+        &[
+            ("EVENT_QUEUE_DEPTH", "20000"),
+            ("CONT_WHEN_CACHE_NOT_READY", "true"),
+        ],
+    );
+    let subnet = a.subnet(T);
+    assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
+    let log = a.log_text();
+    for said in [
+        "-log_backtrace_at=main.go:120 ignored",
+        "-log_dir=/var/log/flannel ignored",
+        "EVENT_QUEUE_DEPTH=20000 changes nothing",
+        "CONT_WHEN_CACHE_NOT_READY=true changes nothing",
+    ] {
+        assert!(log.contains(said), "{said:?} not in:\n{log}");
+    }
+    // -stderrthreshold, honoured as Go's flanneld does: warnings and errors only.
+    let b = Daemon::start(
+        &node,
+        "b",
+        &[
+            &endpoints,
+            "-stderrthreshold=WARNING",
+            "-log_file=/var/log/flanneld.log",
+            "--iface",
+            "eth0",
+            "--public-ip",
+            "192.168.100.12",
+        ],
+        &[("FLANNELD_VMODULE", "daemon=3")],
+    );
+    b.subnet(T);
+    b.wait_log("-log_file=/var/log/flanneld.log ignored", T);
+    let log = b.log_text();
+    assert!(
+        log.lines().all(|l| !l.contains(" INFO ")),
+        "an INFO line with -stderrthreshold=WARNING:\n{log}"
+    );
+    // Go's kube mode ends its start for a queue depth that is not a number.
+    let out = Command::new(FLANNELD)
+        .args(["--kube-subnet-mgr", "--kube-api-url", "http://127.0.0.1:1"])
+        .env("EVENT_QUEUE_DEPTH", "lots")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EVENT_QUEUE_DEPTH=\"lots\""));
 }
 
 #[test]
@@ -245,14 +326,15 @@ fn without_a_registry_named_leases_go_to_flanneld_s_default_etcd_endpoint_and_th
         &format!("{PREFIX}/config"),
         r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
     );
-    // Neither --etcd-endpoints nor --registry-dir: flanneld's http://127.0.0.1:2379.
+    // Neither --etcd-endpoints nor --registry-dir: flanneld's http://127.0.0.1:4001 (where
+    // nothing listens) and http://127.0.0.1:2379.
     let a = Daemon::start(&node, "a", &["--iface", "eth0"], &[]);
     let subnet = a.subnet(T);
     assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
     let first = first_line(&a);
     assert!(
         first.contains("no --etcd-endpoints or --registry-dir given")
-            && first.contains("default endpoint http://127.0.0.1:2379"),
+            && first.contains("default endpoints http://127.0.0.1:4001,http://127.0.0.1:2379"),
         "{first}"
     );
     // Named: the same etcd, said so.
