@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         }
     };
     if flags.version {
-        println!("flanneld {}", env!("CARGO_PKG_VERSION"));
+        println!("{}", version());
         return ExitCode::SUCCESS;
     }
     init_logs(&flags);
@@ -77,6 +77,17 @@ fn main() -> ExitCode {
     };
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
+}
+
+/// `<version>-<commit>[-dirty]`, the string the image is tagged with; without a known commit,
+/// the version and that it is unknown.
+fn version() -> String {
+    let revision = env!("FLANNELD_REVISION");
+    if revision.is_empty() {
+        format!("flanneld {} (commit unknown)", env!("CARGO_PKG_VERSION"))
+    } else {
+        format!("flanneld {}-{revision}", env!("CARGO_PKG_VERSION"))
+    }
 }
 
 fn init_logs(flags: &Flags) {

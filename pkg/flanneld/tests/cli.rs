@@ -64,6 +64,46 @@ fn help_explains_every_flag() {
     }
 }
 
+/// The workspace's commit as git gives it, when the tests run in a git checkout of it.
+fn checkout_commit() -> Option<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let top = git(&["rev-parse", "--show-toplevel"])?;
+    (std::path::Path::new(&top).canonicalize().ok()? == root.canonicalize().ok()?)
+        .then(|| git(&["rev-parse", "HEAD"]))
+        .flatten()
+}
+
+#[test]
+fn version_names_the_commit_and_whether_the_tree_was_dirty() {
+    let out = run(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.trim_end();
+    let version = format!("flanneld {}", env!("CARGO_PKG_VERSION"));
+    let revision = line
+        .strip_prefix(&format!("{version}-"))
+        .unwrap_or_else(|| panic!("{line:?} is not {version}-<commit>"));
+    let commit = revision.strip_suffix("-dirty").unwrap_or(revision);
+    assert!(
+        commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{line:?}: the commit is 12 hex digits"
+    );
+    if let Some(head) = checkout_commit() {
+        assert_eq!(commit, &head[..12], "{line:?}");
+    }
+}
+
 #[test]
 fn go_s_logging_flags_and_environment_start_the_daemon_and_what_they_ask_for_is_said() {
     let node = Node::new("fck");
