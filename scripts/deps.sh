@@ -11,8 +11,11 @@ demo=(iptables nftables iproute2 util-linux socat busybox-static)
 # check of the CRI test's generated client (pkg/e2e/src/cri_api.rs); curl and openssl: the
 # daemon's health endpoint and TLS tests; systemd: systemd-analyze verify of deploy/systemd's unit;
 # iputils-ping: pings with DF set across vxlan (busybox's ping cannot set it); python3-kubernetes:
-# the API server stand-in's fidelity test (pkg/testkit/tests/kube_api.rs) runs the Python client.
-tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl systemd iputils-ping python3-kubernetes)
+# the API server stand-in's fidelity test (pkg/testkit/tests/kube_api.rs) runs the Python client;
+# wireguard-go and wireguard-tools: the userspace tunnel's interop tests pair it with Go's and
+# configure both with `wg`; iperf3: the WireGuard throughput benchmark; tcpdump: the capture
+# test showing only UDP on the underlay between wireguard nodes.
+tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl systemd iputils-ping python3-kubernetes wireguard-go wireguard-tools iperf3 tcpdump)
 # kubectl drives the same test; the machine image ships one at /usr/bin/kubectl, elsewhere Debian's
 # kubernetes-client (its kubectl 1.20 has no `patch --subresource`, which that test uses).
 command -v kubectl >/dev/null || tests+=(kubernetes-client)
