@@ -2,9 +2,12 @@
 //!
 //! - `key`: the private key file, base64/hex keys, PSK parsing.
 //! - `uapi`: the cross-platform text protocol and a client of a device's socket.
-//! - `genl`: the kernel's `wireguard` generic netlink family (the kernel path).
+//! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
+//!   the kernel has WireGuard at all.
 //! - `tunnel`: the userspace device over TUN, served on the UAPI socket.
 
+pub mod genl;
+pub mod kernel;
 pub mod key;
 pub mod tunnel;
 pub mod uapi;

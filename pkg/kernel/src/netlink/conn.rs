@@ -29,6 +29,7 @@ use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, SocketAddr};
 use rtnetlink::{
     LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
+    LinkWireguard,
 };
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -375,6 +376,17 @@ impl Conn {
             b = b.address(mac.to_vec());
         }
         self.create_link(b.build(), "creating vxlan device", &spec.name)
+            .await
+    }
+
+    /// Creates a kernel WireGuard device; false when a link of that name already exists. A
+    /// kernel without WireGuard refuses with EOPNOTSUPP (no such link kind).
+    pub async fn create_wireguard(&self, name: &str, mtu: Option<u32>) -> Result<bool> {
+        let mut b = LinkWireguard::new(name);
+        if let Some(mtu) = mtu {
+            b = b.mtu(mtu);
+        }
+        self.create_link(b.build(), "creating wireguard device", name)
             .await
     }
 

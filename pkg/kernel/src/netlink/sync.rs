@@ -139,6 +139,8 @@ blocking! {
     fn create_veth(&self, spec: &VethSpec<'_>) -> bool;
     /// Creates the vxlan device; false when a link of that name already exists.
     fn create_vxlan(&self, spec: &VxlanSpec) -> bool;
+    /// Creates a kernel WireGuard device; false when a link of that name already exists.
+    fn create_wireguard(&self, name: &str, mtu: Option<u32>) -> bool;
     /// The vxlan device as `spec` says, and whether anything had to change.
     fn ensure_vxlan(&self, spec: &VxlanSpec) -> (Link, bool);
     /// Deletes a link (and a veth's peer with it); false when it was already gone.
