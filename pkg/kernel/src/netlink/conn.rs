@@ -28,8 +28,8 @@ use rtnetlink::packet_core::{
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, SocketAddr};
 use rtnetlink::{
-    LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
-    LinkWireguard,
+    LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth,
+    LinkVxlan, LinkWireguard,
 };
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
