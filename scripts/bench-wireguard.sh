@@ -5,6 +5,9 @@
 # one peer per node), MTU 1440. For each: TCP throughput of iperf3 from a pod namespace behind
 # one node to a pod behind the other, and the tunnel processes' CPU seconds per Gbit carried.
 #   scripts/bench-wireguard.sh [seconds (default 10)] [rounds (default 3)]
+# Then, for each, the time `wg setconf` takes to program PEERS (default 5000) peers into a fresh
+# device (one per node of a cluster of that size: key, endpoint, a /24) and the tunnel
+# process's RSS after it.
 # IMPLS="ours wireguard-go" picks the tunnels. Needs root; quote only from a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -106,3 +109,36 @@ PY
         stop_tunnels $da $db
     done
 done
+
+npeers=${PEERS:-5000}
+conf=$(mktemp)
+python3 - "$npeers" "$(wg genkey)" >"$conf" <<'PY'
+import base64, os, sys
+n, key = int(sys.argv[1]), sys.argv[2]
+print(f"[Interface]\nPrivateKey = {key}\nListenPort = 51820")
+for i in range(n):
+    pub = base64.b64encode(os.urandom(32)).decode()
+    print(f"[Peer]\nPublicKey = {pub}\nEndpoint = 192.168.{100 + i // 250}.{1 + i % 250}:51820")
+    print(f"AllowedIPs = 10.{64 + i // 256}.{i % 256}.0/24")
+PY
+echo
+printf '%-14s %7s %14s %10s\n' tunnel peers "setconf ms" "RSS MiB"
+for impl in $impls; do
+    dev=$tag-c
+    case $impl in
+        ours) ip netns exec $nsa "$ours" "$dev" >/dev/null 2>&1 & ;;
+        wireguard-go) ip netns exec $nsa wireguard-go -f "$dev" >/dev/null 2>&1 & ;;
+    esac
+    pid=$!
+    pids+=($pid)
+    for _ in $(seq 100); do wg show "$dev" >/dev/null 2>&1 && break; sleep 0.05; done
+    start=$(date +%s%N)
+    wg setconf "$dev" "$conf"
+    end=$(date +%s%N)
+    got=$(wg show "$dev" peers | wc -l)
+    [ "$got" = "$npeers" ] || { echo "$impl: $got peers programmed of $npeers" >&2; exit 1; }
+    rss=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status)
+    printf '%-14s %7d %14.1f %10.1f\n' "$impl" "$npeers" "$(echo "($end - $start) / 1000000" | bc -l)" "$(echo "$rss / 1024" | bc -l)"
+    stop_tunnels $dev $dev
+done
+rm -f "$conf"

@@ -54,7 +54,9 @@ struct PeerSettings {
 struct Peer {
     key: Key,
     index: u32,
-    tunn: Mutex<Option<Tunn>>,
+    /// Made at the peer's first packet (or at once when it keeps a connection alive): a
+    /// Noise state is 11 KiB, and most of a large cluster's peers may never carry traffic.
+    tunn: Mutex<Option<Box<Tunn>>>,
     endpoint: Mutex<Option<SocketAddr>>,
     settings: Mutex<PeerSettings>,
     rx_bytes: AtomicU64,
@@ -66,17 +68,39 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Peer {
-    fn new_tunn(&self, identity: Option<&Identity>, limiter: &Arc<RateLimiter>) -> Option<Tunn> {
+    /// The peer's Noise state, made now if it has none yet.
+    fn tunn<'a>(&'a self, state: &State) -> std::sync::MutexGuard<'a, Option<Box<Tunn>>> {
+        let mut guard = lock(&self.tunn);
+        if guard.is_none() {
+            *guard = self.new_tunn(state.identity.as_ref(), &state.rate_limiter);
+        }
+        guard
+    }
+
+    /// Remakes the Noise state after a change of key, PSK or keepalive, if it has one or
+    /// must keep the connection alive.
+    fn renew_tunn(&self, state: &State) {
+        let mut guard = lock(&self.tunn);
+        if guard.is_some() || lock(&self.settings).keepalive > 0 {
+            *guard = self.new_tunn(state.identity.as_ref(), &state.rate_limiter);
+        }
+    }
+
+    fn new_tunn(
+        &self,
+        identity: Option<&Identity>,
+        limiter: &Arc<RateLimiter>,
+    ) -> Option<Box<Tunn>> {
         let id = identity?;
         let s = lock(&self.settings);
-        Some(Tunn::new(
+        Some(Box::new(Tunn::new(
             id.secret.clone(),
             PublicKey::from(self.key.0),
             s.psk.map(|k| k.0),
             (s.keepalive > 0).then_some(s.keepalive),
             self.index,
             Some(limiter.clone()),
-        ))
+        )))
     }
 }
 
@@ -244,7 +268,7 @@ impl Device {
                         continue;
                     };
                     let slot = out.len();
-                    let mut guard = lock(&peer.tunn);
+                    let mut guard = peer.tunn(&state);
                     let Some(tunn) = guard.as_mut() else {
                         continue;
                     };
@@ -333,11 +357,16 @@ impl Device {
         let Some(peer) = peer else {
             return Ok(());
         };
+        let is_init = matches!(datagram.first(), Some(1));
         // The plain packet is delivered after the peer's lock is released, so the thread
         // encrypting towards this peer never waits on a TUN write.
         let mut deliver_span = None;
         let authentic = {
-            let mut guard = lock(&peer.tunn);
+            let mut guard = if is_init {
+                peer.tunn(state)
+            } else {
+                lock(&peer.tunn)
+            };
             let Some(tunn) = guard.as_mut() else {
                 return Ok(());
             };
@@ -463,7 +492,7 @@ impl Device {
             state.identity = identity;
             let st = &*state;
             for peer in st.peers.values() {
-                *lock(&peer.tunn) = peer.new_tunn(st.identity.as_ref(), &st.rate_limiter);
+                peer.renew_tunn(st);
             }
         }
         if config.replace_peers {
@@ -510,7 +539,7 @@ impl Device {
                     rx_bytes: AtomicU64::new(0),
                     tx_bytes: AtomicU64::new(0),
                 });
-                *lock(&peer.tunn) = peer.new_tunn(state.identity.as_ref(), &state.rate_limiter);
+                peer.renew_tunn(state);
                 state.peers.insert(p.public_key, peer.clone());
                 state.by_index.insert(index, peer.clone());
                 peer
@@ -531,7 +560,7 @@ impl Device {
             changed
         };
         if rebuild {
-            *lock(&peer.tunn) = peer.new_tunn(state.identity.as_ref(), &state.rate_limiter);
+            peer.renew_tunn(state);
         }
         if let Some(ep) = p.endpoint {
             *lock(&peer.endpoint) = Some(ep);
