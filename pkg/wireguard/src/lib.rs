@@ -4,11 +4,15 @@
 //! - `uapi`: the cross-platform text protocol and a client of a device's socket.
 //! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
 //!   the kernel has WireGuard at all.
-//! - `tunnel`: the userspace device over TUN, served on the UAPI socket.
+//! - `lease`: the lease's BackendData, the endpoint of a dual-stack node, the device's MTU.
+//! - `tunnel`: the userspace device over TUN, served on the UAPI socket; `supervise` starts
+//!   it as a process of its own that outlives flanneld.
 
 pub mod genl;
 pub mod kernel;
 pub mod key;
+pub mod lease;
+pub mod supervise;
 pub mod tunnel;
 pub mod uapi;
 

@@ -409,3 +409,64 @@ fn the_tunnel_ends_and_removes_its_socket_when_its_interface_is_deleted() {
     assert!(status.success(), "{status:?}");
     assert!(!Path::new(t.client.path()).exists());
 }
+
+#[test]
+fn a_tunnel_is_started_once_and_again_after_it_ended() {
+    let ns = TestNs::new("wgu");
+    let name = unique_name("wgt");
+    let dir = std::path::PathBuf::from(wireguard::uapi::SOCKET_DIR);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let program = Path::new(env!("CARGO_BIN_EXE_flannel-wireguard"));
+    let launcher = wireguard::supervise::Launcher {
+        program,
+        args: &[],
+        log: Some(log.path()),
+    };
+    let ensure = || {
+        ns.run_inside(|| {
+            wireguard::supervise::ensure_running(&name, &dir, &launcher, Duration::from_secs(20))
+                .unwrap()
+        })
+    };
+    let pid_of = || {
+        let out = Command::new("pgrep")
+            .args(["-f", &format!("flannel-wireguard {name}$")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (client, started) = ensure();
+    assert!(started);
+    let first = pid_of();
+    assert!(!first.is_empty(), "no tunnel process for {name}");
+    // Its own session: not in the test's process group.
+    let sid = std::fs::read_to_string(format!("/proc/{first}/stat")).unwrap();
+    let fields: Vec<&str> = sid.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    assert_eq!(
+        fields[3], first,
+        "session id of the tunnel (fields: {fields:?})"
+    );
+    assert!(
+        ns.link(&name).is_some(),
+        "its TUN device is in the namespace"
+    );
+    let (_, started) = ensure();
+    assert!(!started, "a live tunnel is not started twice");
+    assert_eq!(pid_of(), first);
+    // Ended (SIGTERM), it removes its socket, and the next call starts a new one.
+    Command::new("kill").arg(&first).status().unwrap();
+    wait_for("the tunnel to end", Duration::from_secs(20), || {
+        !client.path().exists()
+    });
+    let (_, started) = ensure();
+    assert!(started);
+    let second = pid_of();
+    assert!(!second.is_empty() && second != first);
+    Command::new("kill").arg(&second).status().unwrap();
+    wait_for("the second tunnel to end", Duration::from_secs(20), || {
+        !client.path().exists()
+    });
+    assert!(std::fs::read_to_string(log.path())
+        .unwrap()
+        .contains("stopped: signal 15"));
+}
