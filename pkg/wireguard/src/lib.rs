@@ -2,12 +2,14 @@
 //!
 //! - `key`: the private key file, base64/hex keys, PSK parsing.
 //! - `uapi`: the cross-platform text protocol and a client of a device's socket.
+//! - `control`: kernel or userspace, chosen once; one handle to get and set either.
 //! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
 //!   the kernel has WireGuard at all.
 //! - `lease`: the lease's BackendData, the endpoint of a dual-stack node, the device's MTU.
 //! - `tunnel`: the userspace device over TUN, served on the UAPI socket; `supervise` starts
 //!   it as a process of its own that outlives flanneld.
 
+pub mod control;
 pub mod genl;
 pub mod kernel;
 pub mod key;
