@@ -4,18 +4,22 @@
 #   scripts/deps.sh demo     what the demo needs
 set -euo pipefail
 
-demo=(iptables nftables iproute2 util-linux socat busybox-static)
-# conntrack/procps/kmod: kernel tests; containernetworking-plugins: the Go reference plugins in
+# The demo builds the suite: gcc and libc6-dev are the linker (cc) and the C code of ring, the
+# TLS crates' cryptography; protobuf-compiler the etcd client crate's build (it generates its
+# gRPC code from etcd's .proto files with protoc); ca-certificates cargo's downloads. procps:
+# sysctl in each node; the rest the namespaces, rules and pods it makes.
+demo=(gcc libc6-dev protobuf-compiler ca-certificates procps iptables nftables iproute2 util-linux socat busybox-static)
+# conntrack/kmod: kernel tests; containernetworking-plugins: the Go reference plugins in
 # /usr/lib/cni; podman/containerd/runc: the runtime end-to-end tests; etcd-server/etcd-client: the
-# daemon's tests against a real etcd; protobuf-compiler: the etcd client crate's build and the
-# check of the CRI test's generated client (pkg/e2e/src/cri_api.rs); curl and openssl: the
+# daemon's tests against a real etcd; protobuf-compiler (in the demo's list) also checks the CRI
+# test's generated client (pkg/e2e/src/cri_api.rs); curl and openssl: the
 # daemon's health endpoint and TLS tests; systemd: systemd-analyze verify of deploy/systemd's unit;
 # iputils-ping: pings with DF set across vxlan (busybox's ping cannot set it); python3-kubernetes:
 # the API server stand-in's fidelity test (pkg/testkit/tests/kube_api.rs) runs the Python client;
 # wireguard-go and wireguard-tools: the userspace tunnel's interop tests pair it with Go's and
 # configure both with `wg`; iperf3: the WireGuard throughput benchmark; tcpdump: the capture
 # test showing only UDP on the underlay between wireguard nodes.
-tests=("${demo[@]}" conntrack procps kmod containernetworking-plugins podman containerd runc etcd-server etcd-client protobuf-compiler curl openssl systemd iputils-ping python3-kubernetes wireguard-go wireguard-tools iperf3 tcpdump)
+tests=("${demo[@]}" conntrack kmod containernetworking-plugins podman containerd runc etcd-server etcd-client curl openssl systemd iputils-ping python3-kubernetes wireguard-go wireguard-tools iperf3 tcpdump)
 # kubectl drives the same test; the machine image ships one at /usr/bin/kubectl, elsewhere Debian's
 # kubernetes-client (its kubectl 1.20 has no `patch --subresource`, which that test uses).
 command -v kubectl >/dev/null || tests+=(kubernetes-client)
@@ -38,5 +42,6 @@ if [ "$(id -u)" != 0 ]; then
 fi
 echo "installing: ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq "${missing[@]}" >/dev/null
+# Another apt run on the machine holds dpkg's lock for a while: wait for it rather than fail.
+apt-get update -qq -o DPkg::Lock::Timeout=600
+apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${missing[@]}" >/dev/null
