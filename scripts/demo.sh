@@ -179,12 +179,26 @@ case "$build" in
 esac
 show cat "$prefix/net.d/10-flannel.conflist"
 if [ "$use_kube" = 1 ]; then
-    # The API server stand-in of the tests (testkit), built with the same profile.
-    profile=release
-    [ "$build" = debug ] && profile=debug
-    [ "$build" = none ] || (cd "$top" && cargo build --quiet -p testkit --bin kube-apiserver-standin \
-        $([ "$profile" = release ] && echo --release))
-    install -m 0755 "${CARGO_TARGET_DIR:-$top/target}/$profile/kube-apiserver-standin" "$prefix/bin/"
+    # The API server stand-in of the tests (testkit). The builds above made it beside the
+    # plugins: install.sh's release build covers the whole workspace (static, in the host
+    # triple's directory), the debug one every binary. --no-build builds it when it is missing.
+    target_dir=${CARGO_TARGET_DIR:-$top/target}
+    host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
+    standin=$target_dir/debug/kube-apiserver-standin
+    if [ "$build" != debug ]; then
+        standin=$target_dir/${host_triple:+$host_triple/}release/kube-apiserver-standin
+        [ -x "$standin" ] || [ ! -x "$target_dir/release/kube-apiserver-standin" ] ||
+            standin=$target_dir/release/kube-apiserver-standin
+    fi
+    if [ ! -x "$standin" ]; then
+        command -v cargo >/dev/null ||
+            fail "missing $standin, and no cargo to build it: run without --no-build where cargo is"
+        echo "    $standin is missing: building it (as install.sh builds the release binaries)"
+        (cd "$top" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+            cargo build --release --locked --quiet --target "$host_triple" -p testkit --bin kube-apiserver-standin)
+        standin=$target_dir/$host_triple/release/kube-apiserver-standin
+    fi
+    install -m 0755 "$standin" "$prefix/bin/"
 fi
 
 step "the underlay: namespace $underlay with bridge br0 at $net.254/24"
