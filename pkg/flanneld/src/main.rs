@@ -42,7 +42,15 @@ fn main() -> ExitCode {
         warn!("{ignored}");
     }
     match go_environment(flags.kube_subnet_mgr, |k| std::env::var(k).ok()) {
-        Ok(notes) => notes.iter().for_each(|n| warn!("{n}")),
+        Ok(notes) => {
+            for (warns, note) in notes {
+                if warns {
+                    warn!("{note}");
+                } else {
+                    info!("{note}");
+                }
+            }
+        }
         Err(e) => {
             error!("{e}");
             return ExitCode::from(2);

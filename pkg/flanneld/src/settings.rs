@@ -155,28 +155,35 @@ impl Settings {
 }
 
 /// What Go's flanneld reads from its environment besides the flags, as this one takes it
-/// (`lookup` is the environment): a warning for each variable that is set, Err for a value
-/// Go's flanneld ends its start for.
+/// (`lookup` is the environment): a note for each variable that is set, a warning (true) when
+/// its value is not the one kube-flannel.yml sets; Err for a value Go's flanneld ends its start
+/// for.
 pub fn go_environment(
     kube: bool,
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<(bool, String)>, String> {
     let mut notes = Vec::new();
     if let Some(depth) = lookup("EVENT_QUEUE_DEPTH") {
         // Go's kube mode refuses a value that is not a number; it reads it nowhere else.
         if kube && depth.trim().parse::<i64>().is_err() {
             return Err(format!("EVENT_QUEUE_DEPTH={depth:?} is not a number"));
         }
-        notes.push(format!(
-            "EVENT_QUEUE_DEPTH={depth} changes nothing here: Go's flanneld queues node events \
-             up to that depth; this one has no such queue, the Node watch waits for the daemon"
+        notes.push((
+            depth.trim() != "5000",
+            format!(
+                "EVENT_QUEUE_DEPTH={depth} changes nothing here: it sizes Go's flanneld's queue \
+                 of node events; this one's is fixed, and its Node watch waits while it is full"
+            ),
         ));
     }
     if let Some(cont) = lookup("CONT_WHEN_CACHE_NOT_READY") {
-        notes.push(format!(
-            "CONT_WHEN_CACHE_NOT_READY={cont} changes nothing here: Go's flanneld exits when \
-             its node list is not read within 10 minutes unless it is true; this one never \
-             exits for that, it keeps retrying and goes on once the list is read"
+        notes.push((
+            cont.trim() != "false",
+            format!(
+                "CONT_WHEN_CACHE_NOT_READY={cont} changes nothing here: Go's flanneld exits when \
+                 its node list is not read within 10 minutes unless it is true; this one never \
+                 exits for that, it keeps retrying and goes on once the list is read"
+            ),
         ));
     }
     Ok(notes)
@@ -280,8 +287,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(notes.len(), 2);
-        assert!(notes[0].starts_with("EVENT_QUEUE_DEPTH=20000 changes nothing"));
-        assert!(notes[1].starts_with("CONT_WHEN_CACHE_NOT_READY=true changes nothing"));
+        assert!(
+            notes[0].0
+                && notes[0]
+                    .1
+                    .starts_with("EVENT_QUEUE_DEPTH=20000 changes nothing")
+        );
+        assert!(
+            notes[1].0
+                && notes[1]
+                    .1
+                    .starts_with("CONT_WHEN_CACHE_NOT_READY=true changes nothing")
+        );
+        // kube-flannel.yml's own values are noted, not warned about.
+        let notes = go_environment(
+            true,
+            env(&[
+                ("EVENT_QUEUE_DEPTH", "5000"),
+                ("CONT_WHEN_CACHE_NOT_READY", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            notes.iter().map(|n| n.0).collect::<Vec<_>>(),
+            [false, false]
+        );
         // Go's kube mode ends its start for a depth that is not a number; etcd mode never reads it.
         let e = go_environment(true, env(&[("EVENT_QUEUE_DEPTH", "lots")])).unwrap_err();
         assert!(e.contains("EVENT_QUEUE_DEPTH") && e.contains("lots"), "{e}");
