@@ -400,12 +400,8 @@ async fn serve<R: Registry>(
         tracing::error!("writing {}: {e}", settings.subnet_file.display());
     } else {
         info!("wrote {}", settings.subnet_file.display());
+        // systemd hears of it through crate::readiness.
         ready.store(true, Ordering::SeqCst);
-        match crate::notify::notify("READY=1") {
-            Ok(true) => info!("told systemd the daemon is ready"),
-            Ok(false) => {}
-            Err(e) => warn!("{e}"),
-        }
     }
 
     let renewer = tokio::spawn(renew_forever(

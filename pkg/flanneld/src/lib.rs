@@ -18,6 +18,7 @@ pub mod masq;
 pub mod metrics;
 pub mod notify;
 pub mod planes;
+pub mod readiness;
 pub mod reconcile;
 pub mod registry;
 pub mod report;

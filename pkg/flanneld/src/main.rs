@@ -120,6 +120,12 @@ fn init_logs(flags: &Flags) {
 
 async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
     let ready = Arc::new(AtomicBool::new(false));
+    tokio::spawn(flanneld::readiness::tell_systemd(
+        ready.clone(),
+        Instant::now(),
+        settings.registry.waited_for(),
+        settings.subnet_file.clone(),
+    ));
     if flags.healthz_port != 0 {
         let addr = SocketAddr::new(flags.healthz_ip, flags.healthz_port);
         if let Err(e) = flanneld::health::start(addr, ready.clone()).await {

@@ -63,6 +63,21 @@ impl RegistryChoice {
     }
 }
 
+impl RegistryChoice {
+    /// What a start without a lease waits for, for systemd's status line.
+    pub fn waited_for(&self) -> String {
+        match self {
+            RegistryChoice::Dir { root, .. } => format!("the network config in {}", root.display()),
+            RegistryChoice::Etcd { options, .. } => {
+                format!("etcd at {}", options.endpoints.join(","))
+            }
+            RegistryChoice::Kube(_) => {
+                "the Kubernetes API (this node's Node and its podCIDR)".to_string()
+            }
+        }
+    }
+}
+
 /// `--ip-masq` and its siblings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MasqOptions {

@@ -283,9 +283,12 @@ fn healthz_readyz_and_systemd_readiness() {
     wait_for("/readyz to answer 200", T, || {
         (http_get(&node, "/readyz") == "200").then_some(())
     });
-    let mut buf = [0u8; 64];
+    let mut buf = [0u8; 512];
     let n = sock.recv(&mut buf).expect("READY=1 on the notify socket");
-    assert_eq!(&buf[..n], b"READY=1");
+    assert_eq!(
+        String::from_utf8_lossy(&buf[..n]),
+        format!("READY=1\nSTATUS={} written", a.subnet_file.display())
+    );
     let lease =
         std::fs::read_to_string(node.path(&format!("registry/subnets/{}", key_of(&a.subnet(T)))))
             .unwrap();
