@@ -102,7 +102,7 @@ fuzz_target!(|data: &[u8]| {
             for family in [IpFamily::V4, IpFamily::V6] {
                 let _ = dp
                     .backend
-                    .announced_mac(lease.attrs.backend_data_of(family));
+                    .device(family, &dp.ext, lease.attrs.backend_data_of(family));
             }
         }
         let _ = dp.desired(&devs, &taken, view.leases());

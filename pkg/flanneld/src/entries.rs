@@ -3,12 +3,15 @@
 //! holds: pure, so that start, restart, repair, normal operation and `flanneld doctor` are one
 //! computation.
 //!
-//! Each kind of entry says how it is keyed, when a held entry is the wanted one, how it is
-//! written and removed, and how `doctor` shows it ([`Kind`]); the diff, the write order and
-//! the doctor's findings are written once over any kind. A new kind is a field of [`Entries`]
-//! and of [`Plan`], an impl of [`Kind`], and a line in [`diff`], [`Plan::writes`] (its place in
-//! the order), [`Plan::counts`] and [`findings`].
+//! Each kind of entry says how it is keyed, when a held entry is the wanted one and how `doctor`
+//! shows it ([`Kind`]), and a kind of the kernel's tables how it is written and removed
+//! ([`Written`]); the diff, the write order and the doctor's findings are written once over
+//! any kind. A new kind is a field of [`Entries`] and of [`Plan`], an impl of [`Kind`], and a
+//! line in [`diff`], [`Plan::writes`] (its place in the order), [`Plan::counts`] and
+//! [`findings`]. What a device holds per peer itself (WireGuard's peers) is one kind for every
+//! backend type ([`PeerEntry`]), written through the device.
 
+use crate::backend::api::DevicePeer;
 use crate::report::Finding;
 use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Nexthop, Route, Write, PROTOCOL_BOOT};
 use ipnetwork::IpNetwork;
@@ -17,6 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::hash::Hash;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// The entries of a desired or an actual table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,7 +29,26 @@ pub struct Entries {
     pub neighbours: Vec<Neighbour>,
     pub fdb: Vec<FdbEntry>,
     pub nexthops: Vec<Nexthop>,
+    /// What the devices hold per peer themselves.
+    pub peers: Vec<PeerEntry>,
 }
+
+/// One peer's state in the device `device` (an index, as a neighbour's).
+#[derive(Debug, Clone)]
+pub struct PeerEntry {
+    pub device: u32,
+    pub peer: Arc<dyn DevicePeer>,
+}
+
+impl PartialEq for PeerEntry {
+    fn eq(&self, other: &PeerEntry) -> bool {
+        self.device == other.device
+            && self.peer.key() == other.peer.key()
+            && self.peer.fits(other.peer.as_ref())
+    }
+}
+
+impl Eq for PeerEntry {}
 
 /// How the datapath programs a path to another node's subnet; backends say where the path
 /// goes ([`Hop`]), the style says which kernel entries make it.
@@ -195,6 +218,11 @@ impl Want {
     pub fn fdb(&mut self, f: FdbEntry) {
         self.entries.fdb.push(f);
     }
+
+    /// A peer's state that the device `device` holds itself.
+    pub fn device_peer(&mut self, device: u32, peer: Arc<dyn DevicePeer>) {
+        self.entries.peers.push(PeerEntry { device, peer });
+    }
 }
 
 /// Device names for showing entries (`dev flannel.1`); an index it does not know shows as
@@ -209,7 +237,7 @@ impl<F: Fn(u32) -> Option<String>> Names for F {
     }
 }
 
-/// One kind of kernel entry the datapath keeps.
+/// One kind of entry the datapath keeps.
 pub trait Kind: PartialEq + fmt::Debug {
     /// How `flanneld doctor` names the kind.
     const NAME: &'static str;
@@ -222,9 +250,23 @@ pub trait Kind: PartialEq + fmt::Debug {
     fn key(&self) -> Self::Key;
     /// Whether `have`, held under this entry's key, is this entry as far as it matters.
     fn fits(&self, have: &Self) -> bool;
+    fn show(&self, names: &dyn Names) -> String;
+}
+
+/// A kind of the kernel's tables: written and removed through netlink, in one batch.
+pub trait Written: Kind {
     fn set(&self) -> Write<'_>;
     fn delete(&self) -> Write<'_>;
-    fn show(&self, names: &dyn Names) -> String;
+}
+
+impl Written for Route {
+    fn set(&self) -> Write<'_> {
+        Write::SetRoute(self)
+    }
+
+    fn delete(&self) -> Write<'_> {
+        Write::DeleteRoute(self)
+    }
 }
 
 impl Kind for Route {
@@ -238,14 +280,6 @@ impl Kind for Route {
 
     fn fits(&self, have: &Route) -> bool {
         self == have
-    }
-
-    fn set(&self) -> Write<'_> {
-        Write::SetRoute(self)
-    }
-
-    fn delete(&self) -> Write<'_> {
-        Write::DeleteRoute(self)
     }
 
     fn show(&self, names: &dyn Names) -> String {
@@ -266,6 +300,16 @@ impl Kind for Route {
     }
 }
 
+impl Written for Neighbour {
+    fn set(&self) -> Write<'_> {
+        Write::SetNeighbour(self)
+    }
+
+    fn delete(&self) -> Write<'_> {
+        Write::DeleteNeighbour(self)
+    }
+}
+
 impl Kind for Neighbour {
     const NAME: &'static str = "neighbour";
     const SET_REPLACES: bool = true;
@@ -279,16 +323,18 @@ impl Kind for Neighbour {
         have.mac == self.mac && have.permanent
     }
 
+    fn show(&self, _: &dyn Names) -> String {
+        format!("{} lladdr {}", self.ip, format_mac(&self.mac))
+    }
+}
+
+impl Written for FdbEntry {
     fn set(&self) -> Write<'_> {
-        Write::SetNeighbour(self)
+        Write::SetFdb(self)
     }
 
     fn delete(&self) -> Write<'_> {
-        Write::DeleteNeighbour(self)
-    }
-
-    fn show(&self, _: &dyn Names) -> String {
-        format!("{} lladdr {}", self.ip, format_mac(&self.mac))
+        Write::DeleteFdb(self)
     }
 }
 
@@ -305,17 +351,19 @@ impl Kind for FdbEntry {
         have.dst == self.dst
     }
 
-    fn set(&self) -> Write<'_> {
-        Write::SetFdb(self)
-    }
-
-    fn delete(&self) -> Write<'_> {
-        Write::DeleteFdb(self)
-    }
-
     fn show(&self, _: &dyn Names) -> String {
         let dst = self.dst.map(|d| d.to_string()).unwrap_or_default();
         format!("{} dst {dst}", format_mac(&self.mac))
+    }
+}
+
+impl Written for Nexthop {
+    fn set(&self) -> Write<'_> {
+        Write::SetNexthop(self)
+    }
+
+    fn delete(&self) -> Write<'_> {
+        Write::DeleteNexthop(self.id)
     }
 }
 
@@ -332,14 +380,6 @@ impl Kind for Nexthop {
         self == have
     }
 
-    fn set(&self) -> Write<'_> {
-        Write::SetNexthop(self)
-    }
-
-    fn delete(&self) -> Write<'_> {
-        Write::DeleteNexthop(self.id)
-    }
-
     fn show(&self, names: &dyn Names) -> String {
         format!(
             "id {} via {} dev {}{}",
@@ -348,6 +388,24 @@ impl Kind for Nexthop {
             names.name(self.device),
             if self.onlink { " onlink" } else { "" }
         )
+    }
+}
+
+impl Kind for PeerEntry {
+    const NAME: &'static str = "peer";
+    const SET_REPLACES: bool = true;
+    type Key = (u32, String);
+
+    fn key(&self) -> Self::Key {
+        (self.device, self.peer.key())
+    }
+
+    fn fits(&self, have: &PeerEntry) -> bool {
+        self.peer.fits(have.peer.as_ref())
+    }
+
+    fn show(&self, names: &dyn Names) -> String {
+        format!("{} dev {}", self.peer.show(), names.name(self.device))
     }
 }
 
@@ -433,6 +491,8 @@ pub struct Plan<'a> {
     pub neighbours: KindPlan<'a, Neighbour>,
     pub fdb: KindPlan<'a, FdbEntry>,
     pub nexthops: KindPlan<'a, Nexthop>,
+    /// Written through their devices, not in the batch.
+    pub peers: KindPlan<'a, PeerEntry>,
 }
 
 /// The difference between what is wanted and what the kernel holds, kind by kind.
@@ -442,6 +502,7 @@ pub fn diff<'a>(want: &'a Entries, have: &'a Entries) -> Plan<'a> {
         neighbours: diff_kind(&want.neighbours, &have.neighbours),
         fdb: diff_kind(&want.fdb, &have.fdb),
         nexthops: diff_kind(&want.nexthops, &have.nexthops),
+        peers: diff_kind(&want.peers, &have.peers),
     }
 }
 
@@ -451,6 +512,7 @@ impl<'a> Plan<'a> {
             && self.neighbours.is_empty()
             && self.fdb.is_empty()
             && self.nexthops.is_empty()
+            && self.peers.is_empty()
     }
 
     /// The writes in the order the kernel must take them, all in one batch: removals first (a
@@ -473,21 +535,23 @@ impl<'a> Plan<'a> {
         removals.chain(puts).chain(unwanted).collect()
     }
 
-    /// Per kind (routes, neighbours, FDB entries, nexthops): how many it writes, and how many
-    /// it removes.
-    pub fn counts(&self) -> ([usize; 4], [usize; 4]) {
+    /// Per kind (routes, neighbours, FDB entries, nexthops, device peers): how many it writes,
+    /// and how many it removes.
+    pub fn counts(&self) -> ([usize; 5], [usize; 5]) {
         (
             [
                 self.routes.put.len(),
                 self.neighbours.put.len(),
                 self.fdb.put.len(),
                 self.nexthops.put.len(),
+                self.peers.put.len(),
             ],
             [
                 self.routes.remove.len(),
                 self.neighbours.remove.len(),
                 self.fdb.remove.len(),
                 self.nexthops.remove.len(),
+                self.peers.remove.len(),
             ],
         )
     }
@@ -527,7 +591,8 @@ pub fn findings_kind<T: Kind>(
     out
 }
 
-/// Every kind as `flanneld doctor` reports it: nexthops, routes, neighbours, FDB entries.
+/// Every kind as `flanneld doctor` reports it: nexthops, routes, neighbours, FDB entries,
+/// device peers.
 pub fn findings(want: &Entries, have: &Entries, names: &dyn Names) -> Vec<Finding> {
     let plan = diff(want, have);
     let mut out = findings_kind(&want.nexthops, &have.nexthops, &plan.nexthops, names);
@@ -544,6 +609,7 @@ pub fn findings(want: &Entries, have: &Entries, names: &dyn Names) -> Vec<Findin
         names,
     ));
     out.extend(findings_kind(&want.fdb, &have.fdb, &plan.fdb, names));
+    out.extend(findings_kind(&want.peers, &have.peers, &plan.peers, names));
     out
 }
 
@@ -728,14 +794,14 @@ mod tests {
         nexthop.route(hop);
         // Go's flanneld's route (or ours from before) for a leased subnet.
         let plan = diff(&nexthop.entries, &plain.entries);
-        assert_eq!(plan.counts(), ([1, 0, 0, 1], [0, 0, 0, 0]));
+        assert_eq!(plan.counts(), ([1, 0, 0, 1, 0], [0, 0, 0, 0, 0]));
         let writes = plan.writes();
         assert!(matches!(writes[0], Write::SetNexthop(_)), "{writes:?}");
         assert!(matches!(writes[1], Write::SetRoute(r) if r.nhid.is_some()));
         // And back: the route is replaced in place, then the nexthop goes (deleted first, it
         // would take the route with it until the plain one is written).
         let plan = diff(&plain.entries, &nexthop.entries);
-        assert_eq!(plan.counts(), ([1, 0, 0, 0], [0, 0, 0, 1]));
+        assert_eq!(plan.counts(), ([1, 0, 0, 0, 0], [0, 0, 0, 1, 0]));
         let writes = plan.writes();
         assert!(
             matches!(writes[0], Write::SetRoute(r) if r.nhid.is_none()),
@@ -758,7 +824,7 @@ mod tests {
         }
         let none = Entries::default();
         let plan = diff(&none, &want.entries);
-        assert_eq!(plan.counts(), ([0, 0, 0, 0], [2, 0, 0, 2]));
+        assert_eq!(plan.counts(), ([0, 0, 0, 0, 0], [2, 0, 0, 2, 0]));
         let writes = plan.writes();
         assert!(matches!(writes[0], Write::DeleteRoute(_)));
         assert!(matches!(writes[1], Write::DeleteRoute(_)));
@@ -767,7 +833,7 @@ mod tests {
         let mut have = want.entries.clone();
         have.nexthops[0].gateway = "10.5.2.1".parse().unwrap();
         let plan = diff(&want.entries, &have);
-        assert_eq!(plan.counts(), ([0, 0, 0, 1], [0, 0, 0, 0]));
+        assert_eq!(plan.counts(), ([0, 0, 0, 1, 0], [0, 0, 0, 0, 0]));
     }
 
     #[test]
@@ -805,7 +871,7 @@ mod tests {
         assert!(plan.neighbours.remove.is_empty());
         assert!(plan.fdb.put.is_empty());
         assert_eq!(plan.fdb.remove[0].mac, [1, 2, 3, 4, 5, 6]);
-        assert_eq!(plan.counts(), ([1, 1, 0, 0], [1, 0, 1, 0]));
+        assert_eq!(plan.counts(), ([1, 1, 0, 0, 0], [1, 0, 1, 0, 0]));
     }
 
     #[test]
@@ -881,5 +947,61 @@ mod tests {
         assert_eq!(shown[6].detail, "07:07:07:07:07:07 dst 192.168.0.7");
         let unknown = Route::new("10.5.2.0/24".parse().unwrap(), None, Some(3));
         assert_eq!(unknown.show(&names), "10.5.2.0/24 dev #3");
+    }
+
+    /// A device's own per-peer state, as a backend of that kind would give it: a key and a
+    /// setting.
+    #[derive(Debug)]
+    struct TestPeer(&'static str, u16);
+
+    impl DevicePeer for TestPeer {
+        fn key(&self) -> String {
+            self.0.to_string()
+        }
+        fn fits(&self, held: &dyn DevicePeer) -> bool {
+            held.as_any()
+                .downcast_ref::<TestPeer>()
+                .is_some_and(|h| h.1 == self.1)
+        }
+        fn show(&self) -> String {
+            format!("{} port {}", self.0, self.1)
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn device_peers_are_diffed_by_key_and_shown_with_their_device() {
+        let entry = |key, port| PeerEntry {
+            device: 10,
+            peer: Arc::new(TestPeer(key, port)),
+        };
+        let want = Entries {
+            peers: vec![entry("a", 1), entry("b", 2)],
+            ..Entries::default()
+        };
+        let have = Entries {
+            peers: vec![entry("b", 3), entry("c", 4)],
+            ..Entries::default()
+        };
+        let plan = diff(&want, &have);
+        let keys = |l: &[&PeerEntry]| -> Vec<String> { l.iter().map(|p| p.peer.show()).collect() };
+        assert_eq!(keys(&plan.peers.put), ["a port 1", "b port 2"]);
+        assert_eq!(keys(&plan.peers.remove), ["c port 4"]);
+        assert!(plan.writes().is_empty(), "peers go through their device");
+        let shown: Vec<(String, String)> = findings(&want, &have, &names)
+            .into_iter()
+            .map(|f| (f.state, f.detail))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("missing".to_string(), "a port 1 dev flannel.1".to_string()),
+                ("wrong".to_string(), "b port 2 dev flannel.1".to_string()),
+                ("extra".to_string(), "c port 4 dev flannel.1".to_string()),
+            ]
+        );
+        assert!(diff(&want, &want).is_empty());
     }
 }

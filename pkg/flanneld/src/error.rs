@@ -15,7 +15,7 @@ pub enum StartError {
     Interface(IfaceError),
     /// The backend cannot serve this node as it is (host-gw with a public address that is not
     /// the interface's).
-    Backend(String),
+    Backend(crate::backend::api::Refusal),
     /// The kernel refused what the backend needs before the lease is taken (its device).
     Kernel(cni_kernel::Error),
     /// The registry's lease cannot serve this network config (a podCIDR outside `Network`).
@@ -29,7 +29,7 @@ impl fmt::Display for StartError {
         match self {
             StartError::Config(e) => e.fmt(f),
             StartError::Interface(e) => e.fmt(f),
-            StartError::Backend(why) => f.write_str(why),
+            StartError::Backend(why) => why.fmt(f),
             StartError::Kernel(e) => e.fmt(f),
             StartError::Lease(why) => f.write_str(why),
             StartError::Firewall(e) => write!(f, "--ip-masq: {e}"),

@@ -3,7 +3,7 @@
 //! their subnets), its firewall rules and its subnet.env. Pure: the daemon and `flanneld
 //! doctor` derive the same node from the same inputs.
 
-use crate::backend::api::{Backend, Here, Peer};
+use crate::backend::api::{Backend, Device, Here, Peer, Skip};
 use crate::backend::select;
 use crate::config::{ConfigError, NetConfig};
 use crate::entries::{is_our_nexthop_id, NexthopIds, RouteStyle, Want};
@@ -14,7 +14,7 @@ use crate::lease::{Lease, SubnetKey};
 use crate::masq::MasqSpec;
 use crate::settings::Settings;
 use cni_kernel::firewall::{self, Installed};
-use cni_kernel::netlink::{Route, VxlanSpec, MAIN_TABLE};
+use cni_kernel::netlink::{Route, MAIN_TABLE};
 use ipnetwork::IpNetwork;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -87,19 +87,19 @@ pub struct DatapathSpec {
 }
 
 /// One family of the datapath.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct FamilySpec {
     pub family: IpFamily,
     /// The cluster network.
     pub network: IpNetwork,
     /// The backend's device of this family, if it has one.
-    pub device: Option<Device>,
+    pub device: Option<DeviceSpec>,
 }
 
-/// A device as it must be.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
-    pub link: VxlanSpec,
+/// A device as it must be: the backend's, with this node's address on it.
+#[derive(Debug, Clone)]
+pub struct DeviceSpec {
+    pub dev: Arc<dyn Device>,
     /// This node's subnet's network address as a host address, so that the node answers for
     /// its subnet on the overlay; None before the lease is taken.
     pub address: Option<IpNetwork>,
@@ -110,7 +110,7 @@ pub struct Device {
 pub struct Desired {
     pub want: Want,
     /// Leases that give no entry, with why.
-    pub skipped: Vec<(SubnetKey, String)>,
+    pub skipped: Vec<(SubnetKey, Skip)>,
     /// Leases with a subnet outside the network of its family, which are never programmed:
     /// the lease, the subnet and the network.
     pub outside: Vec<(SubnetKey, IpNetwork, IpNetwork)>,
@@ -177,18 +177,20 @@ impl NodeSpec {
     ) -> Result<NodeSpec, ConfigError> {
         let backend = select(cfg)?;
         let enabled = cfg.families();
-        let families = enabled
+        let families: Vec<FamilySpec> = enabled
             .iter()
             .filter_map(|&family| {
                 let network = cfg.network(family)?;
-                let mac = backend.announced_mac(own.attrs.backend_data_of(family));
-                let device = backend.device(family, ext, mac).map(|link| Device {
-                    link,
-                    address: own
-                        .key
-                        .subnet(family)
-                        .and_then(|s| IpNetwork::new(s.network(), family.host_prefix()).ok()),
-                });
+                let announced = own.attrs.backend_data_of(family);
+                let device = backend
+                    .device(family, ext, announced)
+                    .map(|dev| DeviceSpec {
+                        dev,
+                        address: own
+                            .key
+                            .subnet(family)
+                            .and_then(|s| IpNetwork::new(s.network(), family.host_prefix()).ok()),
+                    });
                 Some(FamilySpec {
                     family,
                     network,
@@ -205,7 +207,13 @@ impl NodeSpec {
             random_fully: o.random_fully,
             forward_rules: o.forward_rules,
         });
-        let subnet_env = subnet_env(cfg, &own.key, backend.mtu(ext, &enabled), o.masq);
+        // What fits through every device a pod's packet may take.
+        let mtu = families
+            .iter()
+            .filter_map(|f| f.device.as_ref().map(|d| d.dev.mtu()))
+            .min()
+            .unwrap_or(ext.mtu);
+        let subnet_env = subnet_env(cfg, &own.key, mtu, o.masq);
         Ok(NodeSpec {
             datapath: DatapathSpec {
                 backend,
@@ -261,11 +269,10 @@ impl DatapathSpec {
             if lease.attrs.backend_type != self.backend.name() {
                 d.skipped.push((
                     lease.key,
-                    format!(
-                        "its backend is {:?}, this node's is {}",
-                        lease.attrs.backend_type,
-                        self.backend.name()
-                    ),
+                    Skip::OtherBackend {
+                        theirs: lease.attrs.backend_type.clone(),
+                        ours: self.backend.name(),
+                    },
                 ));
                 continue;
             }
@@ -278,8 +285,7 @@ impl DatapathSpec {
                     continue;
                 }
                 let Some(public) = lease.attrs.public(f.family) else {
-                    d.skipped
-                        .push((lease.key, format!("no public address for {subnet}")));
+                    d.skipped.push((lease.key, Skip::NoPublicAddress(subnet)));
                     continue;
                 };
                 let here = Here {
@@ -432,6 +438,25 @@ mod tests {
             .datapath
     }
 
+    /// flannel.1 as the kernel holds it, with `mac`.
+    fn vxlan_link(mac: [u8; 6]) -> cni_kernel::netlink::Link {
+        cni_kernel::netlink::Link {
+            index: 10,
+            name: "flannel.1".into(),
+            kind: Some("vxlan".into()),
+            mac: mac.to_vec(),
+            mtu: Some(1450),
+            vxlan: Some(cni_kernel::netlink::Vxlan {
+                vni: 1,
+                port: 8472,
+                local: "192.168.0.1".parse().ok(),
+                device: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
     fn devs() -> DeviceIndex {
         DeviceIndex(vec![(IpFamily::V4, 10), (IpFamily::V6, 11)])
     }
@@ -473,14 +498,19 @@ mod tests {
         assert_eq!(d.backend.name(), "vxlan");
         assert_eq!(d.families.len(), 2);
         let v4 = d.families[0].device.as_ref().unwrap();
-        assert_eq!(v4.link.name, "flannel.1");
-        assert_eq!(v4.link.mac, Some(MAC));
+        assert_eq!(v4.dev.name(), "flannel.1");
+        assert!(v4.dev.differences(&vxlan_link(MAC)).is_empty());
+        assert!(v4
+            .dev
+            .show(&vxlan_link(MAC))
+            .ends_with("(the lease says c6:d2:32:6f:8f:44)"));
         assert_eq!(v4.address, "10.5.1.0/32".parse().ok());
         let v6 = d.families[1].device.as_ref().unwrap();
-        assert_eq!(
-            (v6.link.name.as_str(), v6.link.mac, v6.address),
-            ("flannel-v6.1", None, None)
-        );
+        assert_eq!((v6.dev.name(), v6.address), ("flannel-v6.1", None));
+        assert!(v6
+            .dev
+            .show(&vxlan_link(MAC))
+            .ends_with("(the lease says nothing)"));
         // Both families' devices: the IPv6 one's MTU is the pods'.
         assert_eq!(node.subnet_env.mtu, 1430);
         // Neither masquerade nor forward rules: no firewall rules at all.
@@ -586,7 +616,7 @@ mod tests {
             ],
         );
         assert_eq!(d.want.entries, Default::default());
-        let why: Vec<&str> = d.skipped.iter().map(|(_, w)| w.as_str()).collect();
+        let why: Vec<String> = d.skipped.iter().map(|(_, w)| w.to_string()).collect();
         assert_eq!(why.len(), 3);
         assert!(why[0].contains("host-gw"));
         assert!(why[1].contains("VtepMAC"));

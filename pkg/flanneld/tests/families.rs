@@ -409,12 +409,16 @@ fn a_peer_with_an_ipv6_subnet_but_no_ipv6_address_or_mac_is_skipped_for_ipv6_alo
     assert!(
         d.skipped[0]
             .1
+            .to_string()
             .contains("no public address for fc00:0:0:2::/64"),
         "{:?}",
         d.skipped
     );
     assert!(
-        d.skipped[1].1.contains("no VtepMAC for fc00:0:0:3::/64"),
+        d.skipped[1]
+            .1
+            .to_string()
+            .contains("no VtepMAC for fc00:0:0:3::/64"),
         "{:?}",
         d.skipped
     );

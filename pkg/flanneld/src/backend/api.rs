@@ -1,17 +1,20 @@
-//! What every backend type supplies: its checks of the node, its device per family and what
-//! that device announces in the lease, the MTU it leaves the pods, and the entries one family
-//! of another node's lease calls for. The datapath plane does the rest (reading, diffing,
-//! writing, the route style) the same for every type.
+//! What every backend type supplies: its checks of the node, its device per family (a value of
+//! its own type behind [`Device`]), and the entries one family of another node's lease calls
+//! for. The datapath plane does the rest (reading, diffing, writing, the route style) the same
+//! for every type.
 
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
 use crate::lease::SubnetKey;
-use cni_kernel::netlink::VxlanSpec;
+use cni_kernel::netlink::{Conn, Link};
+use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
+use std::any::Any;
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// One family of another node's lease, as a backend needs it.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +34,35 @@ pub struct Here<'a> {
     pub dev: Option<u32>,
 }
 
+/// Why one family of another node's lease gives no entry: logged, and shown by `doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// The lease is of another backend type than this node's.
+    OtherBackend { theirs: String, ours: &'static str },
+    /// The lease has a subnet of the family but no public address of it.
+    NoPublicAddress(IpNetwork),
+    /// Its backend data lacks what this backend needs to reach it (`what`: vxlan's VtepMAC).
+    NoBackendData {
+        what: &'static str,
+        subnet: IpNetwork,
+    },
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::OtherBackend { theirs, ours } => {
+                write!(f, "its backend is {theirs:?}, this node's is {ours}")
+            }
+            Skip::NoPublicAddress(subnet) => write!(f, "no public address for {subnet}"),
+            Skip::NoBackendData { what, subnet } => write!(f, "no {what} for {subnet}"),
+        }
+    }
+}
+
+/// Why a backend cannot serve this node as it is: the start ends with status 2.
+pub type Refusal = Box<dyn std::error::Error + Send + Sync>;
+
 pub trait Backend: Send + Sync + fmt::Debug {
     /// `Backend.Type`, as the config names it and leases carry it.
     fn name(&self) -> &'static str;
@@ -40,40 +72,102 @@ pub trait Backend: Send + Sync + fmt::Debug {
         true
     }
 
-    /// Refuses a node it cannot serve, saying why (the start ends with status 2).
-    fn check(&self, _ext: &External, _families: &[IpFamily]) -> Result<(), String> {
+    /// Refuses a node it cannot serve, saying why.
+    fn check(&self, _ext: &External, _families: &[IpFamily]) -> Result<(), Refusal> {
         Ok(())
     }
 
-    /// FLANNEL_MTU: what fits through every device a pod's packet may take.
-    fn mtu(&self, ext: &External, _families: &[IpFamily]) -> u32 {
-        ext.mtu
-    }
-
-    /// Its device of one family as it must be, with `mac` (None: whatever it has); None when
-    /// it needs none.
+    /// Its device of one family as it must be, with the identity `announced` gives (this
+    /// node's lease's backend data of the family; None: whatever identity it has or gets);
+    /// None when it needs none.
     fn device(
         &self,
         _family: IpFamily,
         _ext: &External,
-        _mac: Option<[u8; 6]>,
-    ) -> Option<VxlanSpec> {
-        None
-    }
-
-    /// The lease's backend data that announces a device's MAC to the other nodes...
-    fn lease_data(&self, _mac: [u8; 6]) -> Option<Box<RawValue>> {
-        None
-    }
-
-    /// ...and the MAC a lease's backend data announces.
-    fn announced_mac(&self, _data: Option<&RawValue>) -> Option<[u8; 6]> {
+        _announced: Option<&RawValue>,
+    ) -> Option<Arc<dyn Device>> {
         None
     }
 
     /// The entries one family of another node's lease calls for, added to `want`; or why it
     /// gives none.
-    fn peer(&self, _here: &Here<'_>, _peer: &Peer<'_>, _want: &mut Want) -> Result<(), String> {
+    fn peer(&self, _here: &Here<'_>, _peer: &Peer<'_>, _want: &mut Want) -> Result<(), Skip> {
         Ok(())
     }
+}
+
+/// A device a backend wants, as a value of the backend's own type: how it compares with the
+/// link the kernel holds, how it is made, what it announces in the lease, and its MTU. The
+/// datapath plane plans and writes devices through this alone, as it does the entries; its
+/// address and its being up are the plane's, the same for every type.
+pub trait Device: Send + Sync + fmt::Debug {
+    /// The link's name, by which the kernel's is found.
+    fn name(&self) -> &str;
+
+    /// Its type as log lines say it (`vxlan`).
+    fn kind(&self) -> &'static str;
+
+    /// Its MTU: the underlay's, less what the encapsulation takes.
+    fn mtu(&self) -> u32;
+
+    /// How the link the kernel holds under its name differs from it, one entry per attribute
+    /// (empty: it fits).
+    fn differences(&self, held: &Link) -> Vec<String>;
+
+    /// What `doctor` says of the link it found, beside the differences (vxlan: its MAC and the
+    /// one the lease announces).
+    fn show(&self, held: &Link) -> String {
+        held.name.clone()
+    }
+
+    /// Makes it as it must be, mending or replacing the link of its name that differs; the
+    /// link made.
+    fn make<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, cni_kernel::Result<Link>>;
+
+    /// Before this node's lease is taken: makes it with the identity the kernel's device of
+    /// its name has when that fits, else the one `earlier` (this node's earlier lease's
+    /// backend data of its family) announced, else a new one; returns the backend data that
+    /// announces it in the lease.
+    fn establish<'a>(
+        &'a self,
+        conn: &'a Conn,
+        earlier: Option<&'a RawValue>,
+    ) -> BoxFuture<'a, cni_kernel::Result<Option<Box<RawValue>>>>;
+
+    /// The per-peer state the device holds itself, beside the kernel's tables (WireGuard's
+    /// peers), as it holds it now in `link`. A device without such state holds none.
+    fn held_peers<'a>(
+        &'a self,
+        _link: &'a Link,
+    ) -> BoxFuture<'a, cni_kernel::Result<Vec<Arc<dyn DevicePeer>>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// Removes the peers `remove` and sets `put` in `link`; the failures, each naming its peer.
+    fn write_peers<'a>(
+        &'a self,
+        _link: &'a Link,
+        _put: &'a [&'a dyn DevicePeer],
+        _remove: &'a [&'a dyn DevicePeer],
+    ) -> BoxFuture<'a, Vec<cni_kernel::Error>> {
+        Box::pin(async { Vec::new() })
+    }
+}
+
+/// One peer's state that a device holds itself (WireGuard: the peer of a public key, with its
+/// endpoint, allowed IPs, keepalive), as a backend wants it ([`Want::device_peer`]) or a
+/// device holds it ([`Device::held_peers`]). The datapath plane diffs wanted against held by
+/// key, as it diffs neighbours and routes, and shows each in `doctor`.
+pub trait DevicePeer: Send + Sync + fmt::Debug + 'static {
+    /// What the device holds at most one of (WireGuard: the public key).
+    fn key(&self) -> String;
+
+    /// Whether `held`, held under this one's key, is this one as far as it matters.
+    fn fits(&self, held: &dyn DevicePeer) -> bool;
+
+    /// How `doctor` shows it.
+    fn show(&self) -> String;
+
+    /// For `fits`, to see `held` as the backend's own type.
+    fn as_any(&self) -> &dyn Any;
 }

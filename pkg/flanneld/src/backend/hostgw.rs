@@ -1,11 +1,47 @@
 //! `host-gw`: a route to each other node's subnet via its public address on the external
 //! interface, which therefore must be on one link with every node.
 
-use super::api::{Backend, Here, Peer};
+use super::api::{Backend, Here, Peer, Refusal, Skip};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
+use std::fmt;
 use std::net::IpAddr;
+
+/// The public address of a family is not one of the external interface's, so the other nodes'
+/// routes via it would lead nowhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotOnInterface {
+    /// Where the address came from, and the address (`--public-ip 203.0.113.7`).
+    pub public: String,
+    pub iface: String,
+    pub family: IpFamily,
+    /// The interface's addresses of the family.
+    pub own: Vec<IpAddr>,
+}
+
+impl fmt::Display for NotOnInterface {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "host-gw: the other nodes route to this node via its public address, which must \
+             therefore be an address of the external interface: {} is not one of {}'s {} \
+             addresses (",
+            self.public,
+            self.iface,
+            self.family.name()
+        )?;
+        if self.own.is_empty() {
+            f.write_str("it has none")?;
+        }
+        for (i, ip) in self.own.iter().enumerate() {
+            write!(f, "{}{ip}", if i == 0 { "" } else { ", " })?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl std::error::Error for NotOnInterface {}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostGw;
@@ -17,7 +53,7 @@ impl Backend for HostGw {
 
     /// The other nodes route to this node via its public address on their link, so it must
     /// be an address of the external interface (flanneld asks for its first one).
-    fn check(&self, ext: &External, families: &[IpFamily]) -> Result<(), String> {
+    fn check(&self, ext: &External, families: &[IpFamily]) -> Result<(), Refusal> {
         for &family in families {
             let Some(public) = ext.public(family).filter(|ip| !ext.holds(*ip)) else {
                 continue;
@@ -25,27 +61,17 @@ impl Backend for HostGw {
             let mut own: Vec<IpAddr> = ext.addrs.iter().map(|a| a.ip()).collect();
             own.extend(ext.iface_ip(family).filter(|ip| !own.contains(ip)));
             own.retain(|ip| IpFamily::of(*ip) == family);
-            return Err(format!(
-                "host-gw: the other nodes route to this node via its public address, which \
-                 must therefore be an address of the external interface: {} is not one of \
-                 {}'s {} addresses ({})",
-                ext.source(family).describe(public),
-                ext.name,
-                family.name(),
-                if own.is_empty() {
-                    "it has none".to_string()
-                } else {
-                    own.iter()
-                        .map(|ip| ip.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ));
+            return Err(Box::new(NotOnInterface {
+                public: ext.source(family).describe(public),
+                iface: ext.name.clone(),
+                family,
+                own,
+            }));
         }
         Ok(())
     }
 
-    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), String> {
+    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
         want.route(Hop {
             dst: peer.subnet,
             gw: peer.public,
@@ -77,14 +103,14 @@ mod tests {
 
     #[test]
     fn any_address_of_the_interface_is_a_public_address_it_routes_to() {
-        assert_eq!(HostGw.check(&ext(), BOTH), Ok(()));
+        assert!(HostGw.check(&ext(), BOTH).is_ok());
         // A second address of eth0, though eth0's own address is its first (--iface eth0).
         let e = External {
             public_ip: "192.168.0.7".parse().ok(),
             public_ip_source: Source::Flag,
             ..ext()
         };
-        assert_eq!(HostGw.check(&e, BOTH), Ok(()));
+        assert!(HostGw.check(&e, BOTH).is_ok());
     }
 
     #[test]
@@ -94,7 +120,7 @@ mod tests {
             public_ip_source: Source::Flag,
             ..ext()
         };
-        let why = HostGw.check(&e, &[IpFamily::V4]).unwrap_err();
+        let why = HostGw.check(&e, &[IpFamily::V4]).unwrap_err().to_string();
         assert!(
             why.ends_with(
                 "--public-ip 203.0.113.7 is not one of eth0's IPv4 addresses \
@@ -106,7 +132,7 @@ mod tests {
             public_ip_source: Source::Annotation("flannel.alpha.coreos.com/node-public-ip".into()),
             ..e
         };
-        let why = HostGw.check(&e, &[IpFamily::V4]).unwrap_err();
+        let why = HostGw.check(&e, &[IpFamily::V4]).unwrap_err().to_string();
         assert!(
             why.contains("annotation flannel.alpha.coreos.com/node-public-ip 203.0.113.7 is not"),
             "{why}"
@@ -116,8 +142,8 @@ mod tests {
             public_ipv6_source: Source::Flag,
             ..ext()
         };
-        assert_eq!(HostGw.check(&e, &[IpFamily::V4]), Ok(()));
-        let why = HostGw.check(&e, BOTH).unwrap_err();
+        assert!(HostGw.check(&e, &[IpFamily::V4]).is_ok());
+        let why = HostGw.check(&e, BOTH).unwrap_err().to_string();
         assert!(
             why.ends_with("--public-ipv6 fd09::7 is not one of eth0's IPv6 addresses (fd00::1)"),
             "{why}"

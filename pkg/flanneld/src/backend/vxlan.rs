@@ -4,14 +4,19 @@
 //! via that network address on the device, onlink. With `DirectRouting`, a node on the
 //! external interface's own link is reached by a plain path via its public address instead.
 
-use super::api::{Backend, Here, Peer};
+use super::api::{Backend, Device, Here, Peer, Skip};
 use crate::config::{field, ConfigError, NetConfig};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
-use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Vxlan as VxlanAttrs, VxlanSpec};
+use cni_kernel::netlink::{
+    format_mac, Conn, FdbEntry, Link, Neighbour, Vxlan as VxlanAttrs, VxlanSpec,
+};
+use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use std::sync::Arc;
+use tracing::info;
 
 /// vxlan's per-packet overhead over an IPv4 and an IPv6 underlay.
 const OVERHEAD_V4: u32 = 50;
@@ -102,6 +107,25 @@ impl Vxlan {
         })
     }
 
+    /// The device of one family, with `mac` (None: whatever it has).
+    fn vxlan_device(&self, family: IpFamily, ext: &External, mac: Option<[u8; 6]>) -> VxlanDevice {
+        VxlanDevice {
+            link: VxlanSpec {
+                name: device_name(family, self.vni),
+                vxlan: VxlanAttrs {
+                    vni: self.vni,
+                    port: self.port,
+                    local: ext.iface_ip(family).or(ext.public(family)),
+                    device: Some(ext.index),
+                    learning: self.learning,
+                    gbp: self.gbp,
+                },
+                mtu: Some(self.device_mtu(family, ext)),
+                mac,
+            },
+        }
+    }
+
     /// The device's MTU over one family's underlay: the underlay's less the encapsulation.
     fn device_mtu(&self, family: IpFamily, ext: &External) -> u32 {
         let overhead = match family {
@@ -112,51 +136,42 @@ impl Vxlan {
     }
 }
 
+/// The VtepMAC a lease's backend data announces.
+fn announced_mac(data: Option<&RawValue>) -> Option<[u8; 6]> {
+    let v: Value = serde_json::from_str(data?.get()).ok()?;
+    parse_mac(field(v.as_object()?, "VtepMAC")?.as_str()?)
+}
+
+fn random_mac() -> [u8; 6] {
+    let mut m = [0u8; 6];
+    for b in m.iter_mut() {
+        *b = fastrand::u8(..);
+    }
+    // Unicast, locally administered.
+    m[0] = (m[0] & 0xfe) | 0x02;
+    m
+}
+
 impl Backend for Vxlan {
     fn name(&self) -> &'static str {
         "vxlan"
     }
 
-    fn mtu(&self, ext: &External, families: &[IpFamily]) -> u32 {
-        families
-            .iter()
-            .map(|f| self.device_mtu(*f, ext))
-            .min()
-            .unwrap_or_else(|| self.device_mtu(IpFamily::V4, ext))
-    }
-
     /// The external interface's address as the local source, the interface as its device.
-    fn device(&self, family: IpFamily, ext: &External, mac: Option<[u8; 6]>) -> Option<VxlanSpec> {
-        Some(VxlanSpec {
-            name: device_name(family, self.vni),
-            vxlan: VxlanAttrs {
-                vni: self.vni,
-                port: self.port,
-                local: ext.iface_ip(family).or(ext.public(family)),
-                device: Some(ext.index),
-                learning: self.learning,
-                gbp: self.gbp,
-            },
-            mtu: Some(self.device_mtu(family, ext)),
-            mac,
-        })
+    fn device(
+        &self,
+        family: IpFamily,
+        ext: &External,
+        announced: Option<&RawValue>,
+    ) -> Option<Arc<dyn Device>> {
+        Some(Arc::new(self.vxlan_device(
+            family,
+            ext,
+            announced_mac(announced),
+        )))
     }
 
-    fn lease_data(&self, mac: [u8; 6]) -> Option<Box<RawValue>> {
-        RawValue::from_string(format!(
-            r#"{{"VNI":{},"VtepMAC":"{}"}}"#,
-            self.vni,
-            format_mac(&mac)
-        ))
-        .ok()
-    }
-
-    fn announced_mac(&self, data: Option<&RawValue>) -> Option<[u8; 6]> {
-        let v: Value = serde_json::from_str(data?.get()).ok()?;
-        parse_mac(field(v.as_object()?, "VtepMAC")?.as_str()?)
-    }
-
-    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), String> {
+    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
         if self.direct_routing && here.ext.addrs.iter().any(|n| n.contains(peer.public)) {
             want.route(Hop {
                 dst: peer.subnet,
@@ -167,8 +182,11 @@ impl Backend for Vxlan {
             return Ok(());
         }
         let Some(dev) = here.dev else { return Ok(()) };
-        let Some(mac) = self.announced_mac(peer.data) else {
-            return Err(format!("no VtepMAC for {}", peer.subnet));
+        let Some(mac) = announced_mac(peer.data) else {
+            return Err(Skip::NoBackendData {
+                what: "VtepMAC",
+                subnet: peer.subnet,
+            });
         };
         let gw = peer.subnet.network();
         want.neighbour(Neighbour::permanent(dev, gw, mac));
@@ -180,6 +198,100 @@ impl Backend for Vxlan {
             onlink: true,
         });
         Ok(())
+    }
+}
+
+/// A vxlan device: its link as it must be, its MAC the VtepMAC the lease announces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanDevice {
+    pub link: VxlanSpec,
+}
+
+impl VxlanDevice {
+    /// The lease's backend data that announces `mac` to the other nodes.
+    fn lease_data(&self, mac: [u8; 6]) -> Option<Box<RawValue>> {
+        RawValue::from_string(format!(
+            r#"{{"VNI":{},"VtepMAC":"{}"}}"#,
+            self.link.vxlan.vni,
+            format_mac(&mac)
+        ))
+        .ok()
+    }
+}
+
+impl Device for VxlanDevice {
+    fn name(&self) -> &str {
+        &self.link.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "vxlan"
+    }
+
+    fn mtu(&self) -> u32 {
+        self.link.mtu.unwrap_or_default()
+    }
+
+    fn differences(&self, held: &Link) -> Vec<String> {
+        self.link.differences(held)
+    }
+
+    fn show(&self, held: &Link) -> String {
+        format!(
+            "{} mac {} (the lease says {})",
+            held.name,
+            held.mac_string(),
+            self.link
+                .mac
+                .map(|m| format_mac(&m))
+                .unwrap_or_else(|| "nothing".into())
+        )
+    }
+
+    fn make<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, cni_kernel::Result<Link>> {
+        Box::pin(async move {
+            let (link, _) = conn.ensure_vxlan(&self.link).await?;
+            info!(
+                "vxlan device {} made or mended (VNI {}, VtepMAC {})",
+                self.link.name,
+                self.link.vxlan.vni,
+                link.mac_string()
+            );
+            Ok(link)
+        })
+    }
+
+    /// The MAC of a vxlan device of its name that fits, else the VtepMAC `earlier` announced,
+    /// else a new one.
+    fn establish<'a>(
+        &'a self,
+        conn: &'a Conn,
+        earlier: Option<&'a RawValue>,
+    ) -> BoxFuture<'a, cni_kernel::Result<Option<Box<RawValue>>>> {
+        Box::pin(async move {
+            let any_mac = VxlanSpec {
+                mac: None,
+                ..self.link.clone()
+            };
+            let held = conn.link_by_name(&self.link.name).await.ok().flatten();
+            let existing = held
+                .as_ref()
+                .filter(|l| l.is_vxlan() && any_mac.differences(l).is_empty())
+                .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
+            let mac = existing
+                .or_else(|| announced_mac(earlier))
+                .unwrap_or_else(random_mac);
+            let dev = VxlanDevice {
+                link: VxlanSpec {
+                    mac: Some(mac),
+                    ..self.link.clone()
+                },
+            };
+            if held.is_none_or(|l| !dev.differences(&l).is_empty()) {
+                dev.make(conn).await?;
+            }
+            Ok(dev.lease_data(mac))
+        })
     }
 }
 
@@ -254,9 +366,9 @@ mod tests {
     }
 
     #[test]
-    fn the_device_of_each_family_and_the_pods_mtu() {
+    fn the_device_of_each_family_and_its_mtu() {
         let b = vx(false);
-        let d = b.device(IpFamily::V4, &ext(), Some(MAC)).unwrap();
+        let d = b.vxlan_device(IpFamily::V4, &ext(), Some(MAC)).link;
         assert_eq!(d.name, "flannel.1");
         assert_eq!(d.vxlan.local, "192.168.0.1".parse().ok());
         assert_eq!(
@@ -264,23 +376,26 @@ mod tests {
             (Some(2), Some(1450), Some(MAC))
         );
         let d6 = b.device(IpFamily::V6, &ext(), None).unwrap();
-        assert_eq!((d6.name.as_str(), d6.mtu), ("flannel-v6.1", Some(1430)));
-        assert_eq!(b.mtu(&ext(), &[IpFamily::V4]), 1450);
-        assert_eq!(b.mtu(&ext(), &[IpFamily::V4, IpFamily::V6]), 1430);
+        assert_eq!((d6.name(), d6.mtu()), ("flannel-v6.1", 1430));
         let big = Vxlan {
             mtu: Some(9000),
             ..b
         };
-        assert_eq!(big.mtu(&ext(), &[IpFamily::V4]), 8950);
+        assert_eq!(big.device(IpFamily::V4, &ext(), None).unwrap().mtu(), 8950);
     }
 
     #[test]
     fn the_lease_announces_the_vtep_mac_and_reads_back() {
         let b = vx(false);
-        let data = b.lease_data(MAC).unwrap();
+        let data = b
+            .vxlan_device(IpFamily::V4, &ext(), None)
+            .lease_data(MAC)
+            .unwrap();
         assert_eq!(data.get(), r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#);
-        assert_eq!(b.announced_mac(Some(&data)), Some(MAC));
-        assert_eq!(b.announced_mac(None), None);
+        assert_eq!(announced_mac(Some(&data)), Some(MAC));
+        let d = b.vxlan_device(IpFamily::V4, &ext(), announced_mac(Some(&data)));
+        assert_eq!(d.link.mac, Some(MAC));
+        assert_eq!(announced_mac(None), None);
         assert_eq!(parse_mac("c6:d2:32:6f:8f"), None);
     }
 
@@ -311,7 +426,7 @@ mod tests {
         let why = b
             .peer(&here, &peer("10.5.3.0/24", "192.168.0.3", None), &mut want)
             .unwrap_err();
-        assert!(why.contains("VtepMAC"), "{why}");
+        assert!(why.to_string().contains("VtepMAC"), "{why}");
         // Before the device is made: nothing yet, and no complaint.
         let early = Here { ext: &e, dev: None };
         let mut none = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, true);

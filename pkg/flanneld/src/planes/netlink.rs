@@ -4,7 +4,8 @@
 //! batches.
 
 use crate::backend::api::Backend;
-use crate::entries::{self, diff, owns_nexthop, Entries, RouteStyle};
+use crate::backend::api::DevicePeer;
+use crate::entries::{self, diff, owns_nexthop, Entries, KindPlan, PeerEntry, RouteStyle};
 use crate::family::IpFamily;
 use crate::iface::{is_link_local, External};
 use crate::lease::LeaseAttrs;
@@ -12,8 +13,8 @@ use crate::lease::SubnetKey;
 use crate::metrics::{self, METRICS};
 use crate::reconcile::{Leases, Others, Plane};
 use crate::report::Finding;
-use crate::spec::{DatapathSpec, Desired, Device, DeviceIndex};
-use cni_kernel::netlink::{format_mac, Conn, Event as NlEvent, Link};
+use crate::spec::{DatapathSpec, Desired, DeviceIndex, DeviceSpec};
+use cni_kernel::netlink::{Conn, Event as NlEvent, Link};
 use cni_kernel::procsys::{self, Proto};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
@@ -23,16 +24,6 @@ use tracing::{debug, error, info, warn};
 
 /// How often the datapath is looked at when nothing asks for it.
 pub const RESYNC: Duration = Duration::from_secs(10);
-
-fn random_mac() -> [u8; 6] {
-    let mut m = [0u8; 6];
-    for b in m.iter_mut() {
-        *b = fastrand::u8(..);
-    }
-    // Unicast, locally administered.
-    m[0] = (m[0] & 0xfe) | 0x02;
-    m
-}
 
 /// The route style this node uses, and why, as the first log lines say it: through nexthop
 /// objects unless `wanted` is false (`--nexthops=false`) or the kernel has none (before 5.3).
@@ -64,26 +55,30 @@ pub async fn route_style(conn: &Conn, wanted: bool) -> (RouteStyle, String) {
     }
 }
 
+/// Router advertisements must not give a device of ours addresses of its own.
+fn refuse_router_advertisements(name: &str) {
+    if let Err(e) = procsys::set(Proto::Ipv6, name, "accept_ra", "0") {
+        debug!("{e}");
+    }
+}
+
 /// Makes a device as it must be; whether anything changed, and the link.
 async fn ensure_device(
     conn: &Conn,
     family: IpFamily,
-    dev: &Device,
+    spec: &DeviceSpec,
 ) -> cni_kernel::Result<(Link, bool)> {
-    let (link, mut changed) = conn.ensure_vxlan(&dev.link).await?;
-    if changed {
-        info!(
-            "vxlan device {} made or mended (VNI {}, VtepMAC {})",
-            dev.link.name,
-            dev.link.vxlan.vni,
-            link.mac_string()
-        );
-        // Router advertisements must not give the device addresses of their own.
-        if let Err(e) = procsys::set(Proto::Ipv6, &dev.link.name, "accept_ra", "0") {
-            debug!("{e}");
+    let dev = &spec.dev;
+    let held = conn.link_by_name(dev.name()).await?;
+    let (link, mut changed) = match held {
+        Some(l) if dev.differences(&l).is_empty() => (l, false),
+        _ => {
+            let link = dev.make(conn).await?;
+            refuse_router_advertisements(dev.name());
+            (link, true)
         }
-    }
-    if let Some(want) = dev.address {
+    };
+    if let Some(want) = spec.address {
         let have = conn.addresses(link.index).await?;
         for stale in have
             .iter()
@@ -91,7 +86,7 @@ async fn ensure_device(
         {
             // An address from another subnet (an earlier lease) would answer for it.
             if conn.del_address(link.index, *stale).await? {
-                info!("removed stale address {stale} from {}", dev.link.name);
+                info!("removed stale address {stale} from {}", dev.name());
                 changed = true;
             }
         }
@@ -108,9 +103,9 @@ async fn ensure_device(
 }
 
 /// Makes the backend's devices before this node's lease is taken, so that what identifies
-/// them (the VtepMAC) goes into the lease: each keeps the MAC it has when it fits, else the
-/// one this node's earlier lease announced, else a new one. Returns the lease's backend data
-/// per family.
+/// them (the VtepMAC) goes into the lease: each keeps the identity it has when it fits, else
+/// the one this node's earlier lease announced, else a new one. Returns the lease's backend
+/// data per family.
 pub async fn prepare(
     conn: &Conn,
     backend: &dyn Backend,
@@ -120,31 +115,19 @@ pub async fn prepare(
 ) -> cni_kernel::Result<Vec<(IpFamily, Option<Box<RawValue>>)>> {
     let mut data = Vec::new();
     for &family in families {
-        let Some(any_mac) = backend.device(family, ext, None) else {
+        let Some(dev) = backend.device(family, ext, None) else {
             continue;
         };
-        let existing = conn
-            .link_by_name(&any_mac.name)
-            .await
-            .ok()
-            .flatten()
-            .filter(|l| l.is_vxlan() && any_mac.differences(l).is_empty())
-            .and_then(|l| <[u8; 6]>::try_from(l.mac.as_slice()).ok());
-        let announced = earlier.and_then(|a| backend.announced_mac(a.backend_data_of(family)));
-        let mac = existing.or(announced).unwrap_or_else(random_mac);
-        let Some(link) = backend.device(family, ext, Some(mac)) else {
-            continue;
-        };
-        ensure_device(
-            conn,
-            family,
-            &Device {
-                link,
-                address: None,
-            },
-        )
-        .await?;
-        data.push((family, backend.lease_data(mac)));
+        let announced = dev
+            .establish(conn, earlier.and_then(|a| a.backend_data_of(family)))
+            .await?;
+        refuse_router_advertisements(dev.name());
+        if let Some(link) = conn.link_by_name(dev.name()).await? {
+            if !link.up {
+                conn.set_up(link.index, true).await?;
+            }
+        }
+        data.push((family, announced));
     }
     Ok(data)
 }
@@ -154,18 +137,18 @@ pub struct NetlinkPlane {
     spec: DatapathSpec,
     /// The devices as last made or read.
     devs: DeviceIndex,
-    /// The device links as `examine` read them.
-    seen: Vec<Link>,
+    /// Their links, by family.
+    links: Vec<(IpFamily, Link)>,
     /// The leases outside the network last said so, so that each is said once.
     outside: HashSet<SubnetKey>,
 }
 
-/// What one pass changed, per kind: routes, neighbours, FDB entries, nexthops.
+/// What one pass changed, per kind: routes, neighbours, FDB entries, nexthops, device peers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Changes {
     device: bool,
-    put: [usize; 4],
-    removed: [usize; 4],
+    put: [usize; 5],
+    removed: [usize; 5],
 }
 
 /// What the kernel holds of the datapath's, and the ids of the nexthops in its range that
@@ -181,7 +164,7 @@ impl NetlinkPlane {
             conn,
             spec,
             devs: DeviceIndex::default(),
-            seen: Vec::new(),
+            links: Vec::new(),
             outside: HashSet::new(),
         }
     }
@@ -189,14 +172,31 @@ impl NetlinkPlane {
     /// The devices as they must be; whether anything changed.
     async fn ensure_devices(&mut self) -> cni_kernel::Result<bool> {
         let mut changed = false;
-        for f in &self.spec.families {
+        for i in 0..self.spec.families.len() {
+            let f = &self.spec.families[i];
             let Some(dev) = &f.device else { continue };
-            let (link, c) = ensure_device(&self.conn, f.family, dev).await?;
+            let family = f.family;
+            let (link, c) = ensure_device(&self.conn, family, dev).await?;
             changed |= c;
-            self.devs.0.retain(|(family, _)| *family != f.family);
-            self.devs.0.push((f.family, link.index));
+            self.hold(family, link);
         }
         Ok(changed)
+    }
+
+    /// Takes `link` as the device of `family`.
+    fn hold(&mut self, family: IpFamily, link: Link) {
+        self.devs.0.retain(|(f, _)| *f != family);
+        self.devs.0.push((family, link.index));
+        self.links.retain(|(f, _)| *f != family);
+        self.links.push((family, link));
+    }
+
+    /// Each device the kernel holds, with its link.
+    fn held_devices(&self) -> impl Iterator<Item = (&DeviceSpec, &Link)> {
+        self.links.iter().filter_map(|(family, link)| {
+            let f = self.spec.families.iter().find(|f| f.family == *family)?;
+            Some((f.device.as_ref()?, link))
+        })
     }
 
     /// What the kernel holds of what this datapath owns. Its nexthops are read whatever the
@@ -234,6 +234,18 @@ impl NetlinkPlane {
                     .await?
                     .into_iter()
                     .filter(|f| f.dst.is_some()),
+            );
+        }
+        for (dev, link) in self.held_devices() {
+            have.peers.extend(
+                dev.dev
+                    .held_peers(link)
+                    .await?
+                    .into_iter()
+                    .map(|peer| PeerEntry {
+                        device: link.index,
+                        peer,
+                    }),
             );
         }
         Ok(Held {
@@ -291,6 +303,9 @@ impl NetlinkPlane {
         for e in self.conn.write(&plan.writes()).await {
             warn!("{e}");
         }
+        for e in self.write_peers(&plan.peers).await {
+            warn!("{e}");
+        }
         debug!(
             "datapath pass: devices {devices:?}, read {:?}, desired {:?}, diff {:?}, write {:?}",
             read - devices,
@@ -302,6 +317,27 @@ impl NetlinkPlane {
         Ok(changes)
     }
 
+    /// Each device's peers as planned, written through the device.
+    async fn write_peers(&self, plan: &KindPlan<'_, PeerEntry>) -> Vec<cni_kernel::Error> {
+        let mut failed = Vec::new();
+        if plan.is_empty() {
+            return failed;
+        }
+        for (dev, link) in self.held_devices() {
+            fn of<'p>(list: &[&'p PeerEntry], device: u32) -> Vec<&'p dyn DevicePeer> {
+                list.iter()
+                    .filter(|p| p.device == device)
+                    .map(|p| p.peer.as_ref())
+                    .collect()
+            }
+            let (put, remove) = (of(&plan.put, link.index), of(&plan.remove, link.index));
+            if !put.is_empty() || !remove.is_empty() {
+                failed.extend(dev.dev.write_peers(link, &put, &remove).await);
+            }
+        }
+        failed
+    }
+
     /// The names `doctor` shows devices by.
     fn name_of(&self, index: u32) -> Option<String> {
         if index == self.spec.ext.index {
@@ -309,26 +345,26 @@ impl NetlinkPlane {
         }
         let family = self.devs.0.iter().find(|(_, i)| *i == index)?.0;
         let f = self.spec.families.iter().find(|f| f.family == family)?;
-        f.device.as_ref().map(|d| d.link.name.clone())
+        f.device.as_ref().map(|d| d.dev.name().to_string())
     }
 
     /// The MTU of the first device as `examine` found it (the MTU chain's middle).
     pub fn device_mtu(&self) -> Option<u32> {
-        self.seen.first().and_then(|l| l.mtu)
+        self.links.first().and_then(|(_, l)| l.mtu)
     }
 
     /// Each device against what it must be, read only.
     async fn examine_devices(&mut self) -> Vec<Finding> {
         let mut out = Vec::new();
         self.devs = DeviceIndex::default();
-        self.seen.clear();
+        self.links.clear();
         for f in &self.spec.families {
-            let Some(dev) = &f.device else { continue };
-            let name = &dev.link.name;
+            let Some(spec) = &f.device else { continue };
+            let name = spec.dev.name();
             let link = match self.conn.link_by_name(name).await {
                 Ok(Some(l)) => l,
                 Ok(None) => {
-                    out.push(Finding::new("device", "missing", name.clone()));
+                    out.push(Finding::new("device", "missing", name));
                     continue;
                 }
                 Err(e) => {
@@ -336,14 +372,8 @@ impl NetlinkPlane {
                     continue;
                 }
             };
-            let mut problems: Vec<String> = dev
-                .link
-                .differences(&link)
-                .into_iter()
-                .filter(|d| !d.starts_with("MAC "))
-                .collect();
-            let mac_ok = dev.link.mac.is_some_and(|m| link.mac == m);
-            if let Some(want) = dev.address {
+            let mut problems = spec.dev.differences(&link);
+            if let Some(want) = spec.address {
                 match self.conn.addresses(link.index).await {
                     Ok(have) if have.contains(&want) => {}
                     Ok(_) => problems.push(format!("address {want} missing")),
@@ -353,26 +383,16 @@ impl NetlinkPlane {
             if !link.up {
                 problems.push("down".into());
             }
-            let mut detail = format!(
-                "{name} mac {} (the lease says {})",
-                link.mac_string(),
-                dev.link
-                    .mac
-                    .map(|m| format_mac(&m))
-                    .unwrap_or_else(|| "nothing".into())
-            );
+            let mut detail = spec.dev.show(&link);
             for p in &problems {
                 detail.push_str("; ");
                 detail.push_str(p);
             }
-            let state = if mac_ok && problems.is_empty() {
-                "ok"
-            } else {
-                "wrong"
-            };
+            let state = if problems.is_empty() { "ok" } else { "wrong" };
             out.push(Finding::new("device", state, detail));
-            self.devs.0.push((f.family, link.index));
-            self.seen.push(link);
+            let family = f.family;
+            self.devs.0.push((family, link.index));
+            self.links.push((family, link));
         }
         out
     }
@@ -398,7 +418,7 @@ impl Plane for NetlinkPlane {
                 .families
                 .iter()
                 .filter_map(|f| f.device.as_ref())
-                .any(|d| d.link.name == name)
+                .any(|d| d.dev.name() == name)
         };
         match ev {
             NlEvent::Link { link, .. } => ours(link.index) || device_named(&link.name),
@@ -496,8 +516,14 @@ impl Plane for NetlinkPlane {
     }
 }
 
-/// `3 routes, 3 neighbours, 3 FDB entries, 3 nexthops`, from [`Changes`]' counts.
-fn tally(counts: &[usize; 4]) -> String {
-    let [routes, neighbours, fdb, nexthops] = counts;
-    format!("{routes} routes, {neighbours} neighbours, {fdb} FDB entries, {nexthops} nexthops")
+/// `3 routes, 3 neighbours, 3 FDB entries, 3 nexthops` (and `, 3 device peers` where there
+/// are any), from [`Changes`]' counts.
+fn tally(counts: &[usize; 5]) -> String {
+    let [routes, neighbours, fdb, nexthops, peers] = counts;
+    let mut s =
+        format!("{routes} routes, {neighbours} neighbours, {fdb} FDB entries, {nexthops} nexthops");
+    if *peers > 0 {
+        s.push_str(&format!(", {peers} device peers"));
+    }
+    s
 }
