@@ -184,6 +184,11 @@ fn reason_phrase(code: u16) -> &'static str {
         410 => "Gone",
         415 => "Unsupported Media Type",
         422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
         _ => "Error",
     }
 }
@@ -195,8 +200,20 @@ fn respond(
     body: &[u8],
     close: bool,
 ) -> std::io::Result<()> {
+    respond_with(w, code, content_type, body, close, "")
+}
+
+/// `respond` with more header lines (each ending in CRLF).
+fn respond_with(
+    w: &mut impl Write,
+    code: u16,
+    content_type: &str,
+    body: &[u8],
+    close: bool,
+    headers: &str,
+) -> std::io::Result<()> {
     let mut head = format!(
-        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache, private\r\n",
+        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nCache-Control: no-cache, private\r\n{headers}",
         reason_phrase(code),
         body.len()
     );
@@ -320,6 +337,24 @@ fn handle(
             return Ok(true);
         }
     };
+    let overload = shared.faults().overload;
+    if let Some(o) = overload {
+        let e = ApiError::overloaded(o.code, o.retry_after);
+        let header = o
+            .retry_after
+            .map(|s| format!("Retry-After: {s}\r\n"))
+            .unwrap_or_default();
+        shared.log(req, &principal.user, "", e.code);
+        respond_with(
+            w,
+            e.code,
+            "application/json",
+            e.status_json().as_bytes(),
+            false,
+            &header,
+        )?;
+        return Ok(true);
+    }
     let watch = req.flag("watch");
     let access = match (&route, req.method.as_str()) {
         (Route::Discovery(_), "GET") => None,
@@ -389,8 +424,9 @@ fn handle(
         }
     }
     if watch && matches!(route, Route::Nodes) {
-        shared.log(req, &principal.user, verb, 200);
-        stream_watch(req, shared, w, stopped)?;
+        stream_watch(req, shared, w, stopped, |code| {
+            shared.log(req, &principal.user, verb, code)
+        })?;
         return Ok(false);
     }
     let answer = answer(req, &route, shared);
@@ -435,7 +471,16 @@ fn answer(req: &Request, route: &Route, shared: &Shared) -> Result<(u16, String)
     let mut store = shared.store();
     match (route, req.method.as_str()) {
         (Route::Discovery(doc), _) => Ok((200, doc.to_string())),
-        (Route::Nodes, "GET") => list(req, &mut store),
+        (Route::Nodes, "GET") => {
+            let (code, body, more) = list(req, &mut store)?;
+            if more && req.param("continue").is_none_or(str::is_empty) {
+                let mut faults = shared.faults();
+                if std::mem::take(&mut faults.compact_after_first_page) {
+                    store.compact();
+                }
+            }
+            Ok((code, body))
+        }
         (Route::Nodes, "POST") => {
             let node: Value = serde_json::from_slice(&req.body).map_err(|e| {
                 ApiError::bad_request(format!("the object provided is not valid JSON: {e}"))
@@ -476,7 +521,8 @@ fn answer(req: &Request, route: &Route, shared: &Shared) -> Result<(u16, String)
     }
 }
 
-fn list(req: &Request, store: &mut Store) -> Result<(u16, String), ApiError> {
+/// A page of the list, and whether more follow.
+fn list(req: &Request, store: &mut Store) -> Result<(u16, String, bool), ApiError> {
     let limit: usize = match req.param("limit") {
         None | Some("") => 0,
         Some(l) => l
@@ -531,7 +577,7 @@ fn list(req: &Request, store: &mut Store) -> Result<(u16, String), ApiError> {
         out.push_str(&item.to_string());
     }
     out.push_str("]}");
-    Ok((200, out))
+    Ok((200, out, page.continue_token.is_some()))
 }
 
 fn chunk(w: &mut impl Write, data: &[u8]) -> std::io::Result<()> {
@@ -553,6 +599,7 @@ fn stream_watch(
     shared: &Shared,
     w: &mut impl Write,
     stopped: &AtomicBool,
+    log: impl FnOnce(u16),
 ) -> std::io::Result<()> {
     let bookmarks = req.flag("allowWatchBookmarks");
     let timeout = req
@@ -563,6 +610,7 @@ fn stream_watch(
     let only = match name_selector(req) {
         Ok(o) => o,
         Err(e) => {
+            log(e.code);
             respond(
                 w,
                 e.code,
@@ -582,6 +630,7 @@ fn stream_watch(
                 let e = ApiError::bad_request(format!(
                     "resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: invalid syntax"
                 ));
+                log(e.code);
                 respond(
                     w,
                     e.code,
@@ -593,6 +642,21 @@ fn stream_watch(
             }
         },
     };
+    if let Some(rv) = from {
+        let expired = shared.store().events_since(rv).err();
+        if let Some(e) = expired.filter(|_| shared.faults().expired_watch_as_status) {
+            log(e.code);
+            respond(
+                w,
+                e.code,
+                "application/json",
+                e.status_json().as_bytes(),
+                true,
+            )?;
+            return Ok(());
+        }
+    }
+    log(200);
     w.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n\r\n",
     )?;
@@ -664,7 +728,8 @@ fn stream_watch(
             chunk(w, line.as_bytes())?;
             last_bookmark = Instant::now();
         }
-        if start.elapsed() >= timeout {
+        let limit = shared.faults().watch_limit.unwrap_or(timeout).min(timeout);
+        if start.elapsed() >= limit {
             break;
         }
     }

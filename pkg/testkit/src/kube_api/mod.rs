@@ -9,6 +9,13 @@
 //! objects across `stop` and `start` (as an API server restarted over the same etcd), and
 //! holds thousands of Nodes cheaply: objects are shared between the store, the event window
 //! and list snapshots.
+//!
+//! What else a real API server does, on demand: a too-old resourceVersion answered with a 410
+//! status rather than an ERROR event ([`KubeApi::set_expired_watch_as_status`]), watches ended
+//! early ([`KubeApi::set_watch_limit`]), 429 or 5xx with or without `Retry-After`
+//! ([`KubeApi::set_overloaded`]), a compaction between the pages of a list
+//! ([`KubeApi::compact_after_next_first_page`]), HTTP/2 offered in ALPN
+//! ([`KubeApi::offer_http2`]).
 
 mod http;
 pub mod patch;
@@ -59,6 +66,24 @@ impl Principal {
     }
 }
 
+/// An API server refusing every request as an overloaded one does: 429 from its priority and
+/// fairness, 503 while it starts or from a proxy in front of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overload {
+    pub code: u16,
+    /// The `Retry-After` header's seconds, if any.
+    pub retry_after: Option<u64>,
+}
+
+/// What the server does besides answering plainly, set by the test.
+#[derive(Debug, Clone, Default)]
+struct Faults {
+    expired_watch_as_status: bool,
+    watch_limit: Option<Duration>,
+    overload: Option<Overload>,
+    compact_after_first_page: bool,
+}
+
 /// One request as the server saw it, for tests that count lists or look for a refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Logged {
@@ -69,6 +94,17 @@ pub struct Logged {
     pub path: String,
     pub query: String,
     pub code: u16,
+    /// When it came.
+    pub at: std::time::Instant,
+}
+
+impl Logged {
+    /// A query parameter's value, as sent (not decoded).
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    }
 }
 
 struct Shared {
@@ -80,6 +116,9 @@ struct Shared {
     plain_admin: bool,
     requests: Mutex<Vec<Logged>>,
     bookmark_ms: AtomicU64,
+    faults: Mutex<Faults>,
+    /// The ALPN protocol of every TLS connection ("" when none was chosen).
+    negotiated: Mutex<Vec<String>>,
 }
 
 use store::Store;
@@ -113,7 +152,12 @@ impl Shared {
             path: req.path.clone(),
             query: req.raw_query.clone(),
             code,
+            at: std::time::Instant::now(),
         });
+    }
+
+    fn faults(&self) -> MutexGuard<'_, Faults> {
+        lock(&self.faults)
     }
 
     fn bookmark_interval(&self) -> Duration {
@@ -289,6 +333,8 @@ impl KubeApi {
             plain_admin: tls.is_none(),
             requests: Mutex::new(Vec::new()),
             bookmark_ms: AtomicU64::new(BOOKMARK_INTERVAL.as_millis() as u64),
+            faults: Mutex::default(),
+            negotiated: Mutex::default(),
         });
         let mut api = KubeApi {
             shared,
@@ -416,6 +462,51 @@ impl KubeApi {
             .store(every.as_millis().max(1) as u64, Ordering::Relaxed);
     }
 
+    /// A watch whose resourceVersion has left the window is answered with a 410 status before
+    /// its stream begins (as some servers and proxies do) rather than with an ERROR event in a
+    /// 200 stream.
+    pub fn set_expired_watch_as_status(&self, on: bool) {
+        self.shared.faults().expired_watch_as_status = on;
+    }
+
+    /// Every watch ends, as the server's own timeout ends it, after at most `limit` (None: its
+    /// timeoutSeconds). A watch running now ends at its next event or bookmark check.
+    pub fn set_watch_limit(&self, limit: Option<Duration>) {
+        self.shared.faults().watch_limit = limit;
+        self.shared.changed.notify_all();
+    }
+
+    /// Every request is refused so (None: served again).
+    pub fn set_overloaded(&self, overload: Option<Overload>) {
+        self.shared.faults().overload = overload;
+    }
+
+    /// Compacts right after serving the first page of the next list that has more pages, so
+    /// that its continue token expires as it does when etcd compacts between two pages.
+    pub fn compact_after_next_first_page(&self) {
+        self.shared.faults().compact_after_first_page = true;
+    }
+
+    /// Offers HTTP/2 in ALPN besides HTTP/1.1, as a real API server does, from the next
+    /// connection on. This server speaks HTTP/1.1 only: a client that picks h2 is recorded
+    /// ([`KubeApi::negotiated_protocols`]) and its connection closed.
+    pub fn offer_http2(&mut self) {
+        if let Some(cfg) = &self.tls {
+            let mut c = (**cfg).clone();
+            c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            self.tls = Some(Arc::new(c));
+        }
+        if self.running.is_some() {
+            self.stop();
+            self.resume();
+        }
+    }
+
+    /// The protocol each TLS connection so far chose in ALPN ("" for none).
+    pub fn negotiated_protocols(&self) -> Vec<String> {
+        lock(&self.shared.negotiated).clone()
+    }
+
     /// Stops listening and ends every connection, watches included; the objects stay.
     pub fn stop(&mut self) {
         let Some(mut r) = self.running.take() else {
@@ -488,9 +579,25 @@ impl KubeApi {
                     let _ = conn.set_nodelay(true);
                     match tls {
                         Some(cfg) => {
-                            if let Ok(server) = rustls::ServerConnection::new(cfg) {
-                                let s = rustls::StreamOwned::new(server, conn);
-                                http::serve(s, &shared, &stopped);
+                            if let Ok(mut server) = rustls::ServerConnection::new(cfg) {
+                                let mut conn = conn;
+                                while server.is_handshaking() {
+                                    if server.complete_io(&mut conn).is_err() {
+                                        break;
+                                    }
+                                }
+                                let alpn = server
+                                    .alpn_protocol()
+                                    .map(|p| String::from_utf8_lossy(p).into_owned())
+                                    .unwrap_or_default();
+                                let h2 = alpn == "h2";
+                                if !server.is_handshaking() {
+                                    lock(&shared.negotiated).push(alpn);
+                                }
+                                if !h2 && !server.is_handshaking() {
+                                    let s = rustls::StreamOwned::new(server, conn);
+                                    http::serve(s, &shared, &stopped);
+                                }
                             }
                         }
                         None => http::serve(conn, &shared, &stopped),

@@ -17,6 +17,8 @@ pub struct ApiError {
     pub message: String,
     /// `details` of the Status: the object's name and the resource's plural.
     pub details: Option<(String, &'static str)>,
+    /// `details.retryAfterSeconds`, as an overloaded server gives it with `Retry-After`.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -26,6 +28,7 @@ impl ApiError {
             reason,
             message,
             details: None,
+            retry_after: None,
         }
     }
 
@@ -40,6 +43,31 @@ impl ApiError {
 
     pub fn bad_request(message: String) -> ApiError {
         ApiError::new(400, "BadRequest", message)
+    }
+
+    /// What an overloaded server answers: 429 from its priority and fairness, or a 5xx.
+    pub fn overloaded(code: u16, retry_after: Option<u64>) -> ApiError {
+        let (reason, message) = match code {
+            429 => (
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            ),
+            503 => (
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+            ),
+            504 => (
+                "Timeout",
+                "the server was unable to return a response in the time allotted",
+            ),
+            _ => (
+                "InternalError",
+                "an error on the server has prevented the request from succeeding",
+            ),
+        };
+        let mut e = ApiError::new(code, reason, message.into());
+        e.retry_after = retry_after;
+        e
     }
 
     pub fn unauthorized() -> ApiError {
@@ -136,7 +164,10 @@ impl ApiError {
                 Value::String(name.clone())
             ),
             None if self.code == 405 => r#","details":{}"#.to_string(),
-            None => String::new(),
+            None => match self.retry_after {
+                Some(s) => format!(r#","details":{{"retryAfterSeconds":{s}}}"#),
+                None => String::new(),
+            },
         };
         format!(
             r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Failure","message":{},"reason":"{}"{details},"code":{}}}"#,
