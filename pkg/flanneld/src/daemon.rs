@@ -24,7 +24,7 @@ use cni_kernel::netlink::Conn;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -79,13 +79,11 @@ pub fn previous_key_in(text: &str) -> Option<SubnetKey> {
 }
 
 async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, ConfigError> {
-    // Each kind of trouble is logged when it starts and then every 30 s.
-    let mut last: Option<(bool, Instant)> = None;
-    let mut note = |missing: bool, what: String| {
-        let due = last.is_none_or(|(m, t)| m != missing || t.elapsed() >= Duration::from_secs(30));
-        if due {
+    // Each trouble is logged when it starts, not at every retry.
+    let mut trouble = crate::registry::cause::Retrying::default();
+    let mut note = |_missing: bool, what: String| {
+        if trouble.failed(&what) {
             warn!("{what}; retrying every second");
-            last = Some((missing, Instant::now()));
         }
     };
     loop {
@@ -133,6 +131,7 @@ async fn renew_forever<R: Registry>(
             .duration_since(SystemTime::now())
             .unwrap_or_default();
         tokio::time::sleep(wait).await;
+        let mut trouble = crate::registry::cause::Retrying::default();
         loop {
             match reg.renew(&key, &value, ttl).await {
                 Ok(e) => {
@@ -144,7 +143,10 @@ async fn renew_forever<R: Registry>(
                 Err(e) => {
                     metrics::inc(&METRICS.registry_errors);
                     let retry = renew_retry(ttl);
-                    warn!("renewing lease {key}: {e}; retrying in {retry:?}");
+                    let e = e.to_string();
+                    if trouble.failed(&e) {
+                        warn!("renewing lease {key}: {e}; retrying every {retry:?}");
+                    }
                     tokio::time::sleep(retry).await;
                 }
             }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
@@ -105,7 +105,13 @@ fn init_logs(flags: &Flags) {
     use tracing_subscriber::Layer;
     let plan = flags.klog.plan();
     let max = plan.max_level();
-    let filter = filter_fn(move |m| plan.enabled(m.target(), m.level())).with_max_level_hint(max);
+    // The libraries' own lines (kube-rs's `failed with error client error (Connect)`) say
+    // less than the daemon's line about the same failure: they show only from -v=1 on.
+    let libraries = flags.klog.verbosity > 0;
+    let filter = filter_fn(move |m| {
+        (libraries || m.target().starts_with("flanneld")) && plan.enabled(m.target(), m.level())
+    })
+    .with_max_level_hint(max);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
@@ -147,14 +153,14 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
                 error!("{e}");
                 return ExitCode::from(2);
             }
-            let mut last_log: Option<Instant> = None;
+            let mut trouble = flanneld::registry::cause::Retrying::default();
             let reg = loop {
                 match EtcdRegistry::connect(options.clone()).await {
                     Ok(r) => break r,
                     Err(e) => {
-                        if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                        let e = e.to_string();
+                        if trouble.failed(&e) {
                             warn!("{e}; retrying every second");
-                            last_log = Some(Instant::now());
                         }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }

@@ -436,6 +436,16 @@ fn an_unreachable_etcd_at_start_is_waited_for() {
         &[],
     );
     a.wait_log("127.0.0.1:2379", T);
+    // Retried every second, logged once, in the daemon's words only.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = a.log_text();
+    assert_eq!(
+        log.matches("connection refused at 127.0.0.1:2379 (--etcd-endpoints)")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("ERROR") && !log.contains("source:"), "{log}");
     let mut a = a;
     assert!(a.running());
     let etcd = Etcd::start(&node);
@@ -462,4 +472,142 @@ fn a_malformed_network_config_ends_the_start_with_status_2_naming_the_key() {
         "{log}"
     );
     assert!(etcd.lease_keys(&node).is_empty());
+}
+
+/// What reading the network config with `opts` fails with, from inside `node`.
+fn registry_error(node: &Node, opts: flanneld::registry::etcd::EtcdOptions) -> String {
+    use flanneld::registry::etcd::EtcdRegistry;
+    use flanneld::registry::Registry;
+    node.ns.run_inside(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        rt.block_on(async {
+            match EtcdRegistry::connect(opts).await {
+                Ok(reg) => match reg.config().await {
+                    Ok(v) => panic!("the network config was read: {v:?}"),
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            }
+        })
+    })
+}
+
+/// Options for etcd at `url` with `tls`'s CA and, if `client`, its client certificate.
+fn tls_options(
+    url: &str,
+    ca: &std::path::Path,
+    tls: &Tls,
+    client: bool,
+) -> flanneld::registry::etcd::EtcdOptions {
+    flanneld::registry::etcd::EtcdOptions {
+        endpoints: vec![url.to_string()],
+        prefix: PREFIX.to_string(),
+        cafile: Some(ca.to_path_buf()),
+        certfile: client.then(|| tls.client_cert.clone()),
+        keyfile: client.then(|| tls.client_key.clone()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_certificate_not_signed_by_the_etcd_cafile_is_named_so() {
+    let node = Node::new("fcc");
+    let tls = make_certs(node.dir.path());
+    let _etcd = Etcd::start_with(&node, Some(tls.clone()), &[]);
+    let other = node.path("other");
+    std::fs::create_dir(&other).unwrap();
+    let wrong = make_certs(&other);
+    let e = registry_error(
+        &node,
+        tls_options("https://127.0.0.1:2379", &wrong.ca, &tls, true),
+    );
+    assert!(
+        e.contains(&format!(
+            "presents a certificate that is not signed by the CA in --etcd-cafile {}",
+            wrong.ca.display()
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_name_etcds_certificate_lacks_is_named_so() {
+    let node = Node::new("fcn");
+    let tls = make_certs(node.dir.path());
+    // Its certificate is for 127.0.0.1 and localhost; the node reaches it at 127.0.0.2.
+    let _etcd = Etcd::start_with(
+        &node,
+        Some(tls.clone()),
+        &["--listen-client-urls", "https://0.0.0.0:2379"],
+    );
+    let e = registry_error(
+        &node,
+        tls_options("https://127.0.0.2:2379", &tls.ca, &tls, true),
+    );
+    assert!(
+        e.contains("is not valid for the name 127.0.0.2 it is reached by (--etcd-endpoints); it is valid for 127.0.0.1, localhost"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_missing_client_certificate_is_named_so() {
+    let node = Node::new("fcm");
+    let tls = make_certs(node.dir.path());
+    let _etcd = Etcd::start_with(&node, Some(tls.clone()), &[]);
+    let e = registry_error(
+        &node,
+        tls_options("https://127.0.0.1:2379", &tls.ca, &tls, false),
+    );
+    assert!(
+        e.contains(
+            "closed the connection; this node offers no client certificate (no --etcd-certfile)"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_refused_connection_to_etcd_names_the_address() {
+    let node = Node::new("fcr");
+    let e = registry_error(
+        &node,
+        flanneld::registry::etcd::EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:2391".into()],
+            prefix: PREFIX.to_string(),
+            ..Default::default()
+        },
+    );
+    assert!(
+        e.contains(
+            "connection refused at 127.0.0.1:2391 (--etcd-endpoints): nothing listens there"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_refused_user_names_the_flags_it_came_from() {
+    let node = Node::new("fcu");
+    let etcd = Etcd::start(&node);
+    etcd.ctl_ok(&node, &["user", "add", "root:s3cret"]);
+    etcd.ctl_ok(&node, &["user", "grant-role", "root", "root"]);
+    etcd.ctl_ok(&node, &["auth", "enable"]);
+    let e = registry_error(
+        &node,
+        flanneld::registry::etcd::EtcdOptions {
+            endpoints: vec![etcd.client_url.clone()],
+            prefix: PREFIX.to_string(),
+            username: Some("root".into()),
+            password: Some("wrong".into()),
+            ..Default::default()
+        },
+    );
+    assert!(
+        e.contains(r#"refuses the user "root" of --etcd-username with the password of --etcd-password (or FLANNELD_ETCD_PASSWORD)"#),
+        "{e}"
+    );
 }

@@ -12,6 +12,7 @@ use flanneld::registry::Change;
 use futures::StreamExt;
 use kube::core::WatchEvent;
 use serde_json::{json, Value};
+use std::path::Path;
 use std::time::Duration;
 use testkit::kube_api::{KubeApi, FLANNEL_RULES};
 use testkit::TestNs;
@@ -199,4 +200,87 @@ fn a_url_alone_reaches_an_api_server_without_tls() {
             );
         })
     });
+}
+
+/// A stand-in listening on `addr` in a namespace of its own, and a client of its
+/// administrator's kubeconfig with `edit` applied to it, reaching it at `url`: the error of
+/// listing the nodes.
+fn list_error(addr: &str, url: Option<&str>, edit: impl FnOnce(&str, &Path) -> String) -> String {
+    let ns = TestNs::new("kcau");
+    let dir = tempfile::tempdir().unwrap();
+    let api = KubeApi::start(Some(ns.path()), addr.parse().unwrap(), dir.path());
+    let kubeconfig = dir.path().join("edited.kubeconfig");
+    let text = std::fs::read_to_string(&api.admin().kubeconfig).unwrap();
+    std::fs::write(&kubeconfig, edit(&text, dir.path())).unwrap();
+    ns.run_inside(|| {
+        runtime().block_on(async {
+            let c = KubeClient::connect(url, Some(&kubeconfig)).await.unwrap();
+            c.list_nodes().await.unwrap_err().to_string()
+        })
+    })
+}
+
+#[test]
+fn a_certificate_not_signed_by_the_kubeconfigs_ca_is_named_so() {
+    let mut other_ca = None;
+    let e = list_error("127.0.0.1:6443", None, |kc, dir| {
+        let other = dir.join("other");
+        std::fs::create_dir(&other).unwrap();
+        let certs = testkit::kube_api::make_certs(&other, "127.0.0.1".parse().unwrap());
+        other_ca = Some(certs.ca.display().to_string());
+        kc.replace(
+            &dir.join("ca.crt").display().to_string(),
+            &certs.ca.display().to_string(),
+        )
+    });
+    let ca = other_ca.unwrap();
+    assert!(
+        e.contains(&format!(
+            "the API server at 127.0.0.1:6443 presents a certificate that is not signed by the CA in {ca}"
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_name_the_servers_certificate_lacks_is_named_so() {
+    // The certificate is made for 0.0.0.0; the client reaches the server at 127.0.0.1.
+    let e = list_error("0.0.0.0:6443", Some("https://127.0.0.1:6443"), |kc, _| {
+        kc.to_string()
+    });
+    assert!(
+        e.contains("is not valid for the name 127.0.0.1 it is reached by (--kube-api-url); it is valid for 0.0.0.0, localhost"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_refused_connection_names_the_address() {
+    let e = list_error("127.0.0.1:6443", Some("https://127.0.0.1:6449"), |kc, _| {
+        kc.to_string()
+    });
+    assert!(
+        e.contains("connection refused at 127.0.0.1:6449 (--kube-api-url): nothing listens there"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_401_names_where_the_credentials_come_from() {
+    let mut path = String::new();
+    let e = list_error("127.0.0.1:6443", None, |kc, dir| {
+        path = dir.join("edited.kubeconfig").display().to_string();
+        let token = kc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .unwrap()
+            .to_string();
+        kc.replace(&token, "expired")
+    });
+    assert!(
+        e.contains(&format!(
+            r#"does not accept the token of user "kubernetes-admin" of {path} (401 Unauthorized)"#
+        )),
+        "{e}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Leases in etcd v3, in flannel's schema: `<prefix>/config`, `<prefix>/subnets/<key>`, each lease
 //! created in a transaction guarded by its key not existing and attached to an etcd lease.
 
+use super::cause::{connection_cause, Peer};
 use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
 use crate::lease::SubnetKey;
 use etcd_client::{
@@ -48,13 +49,80 @@ fn failed(what: impl std::fmt::Display, e: impl std::fmt::Display) -> RegistryEr
     RegistryError::Failed(format!("{what}: {e}"))
 }
 
-async fn timed<T, E: std::fmt::Display>(
+/// What went wrong in a request to etcd, as the operator fixes it: a connection failure by
+/// its cause, a refused user by the flags that name it, else etcd's own message.
+pub fn etcd_cause(e: &etcd_client::Error, opts: &EtcdOptions) -> String {
+    let endpoints = opts.endpoints.join(",");
+    let tls = opts.cafile.is_some() || opts.certfile.is_some();
+    let peer = Peer {
+        what: "etcd",
+        address_from: "--etcd-endpoints".into(),
+        ca: match &opts.cafile {
+            Some(ca) => format!("the CA in --etcd-cafile {}", ca.display()),
+            None => "this machine's trusted CAs (no --etcd-cafile)".into(),
+        },
+        client_cert: opts
+            .certfile
+            .as_ref()
+            .map(|c| format!("the client certificate in --etcd-certfile {}", c.display())),
+        closed_hint: match (tls, &opts.certfile) {
+            (true, None) => Some(
+                "this node offers no client certificate (no --etcd-certfile), which an etcd \
+                 with --client-cert-auth refuses"
+                    .into(),
+            ),
+            (false, _) if endpoints.contains("http://") => {
+                Some("does it want TLS? --etcd-endpoints says http".into())
+            }
+            _ => None,
+        },
+    };
+    let inner: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(s) => Some(s),
+        etcd_client::Error::TransportError(t) => Some(t),
+        etcd_client::Error::IoError(io) => Some(io),
+        _ => None,
+    };
+    if let Some(cause) = inner.and_then(|i| connection_cause(i, &peer, &endpoints)) {
+        return cause;
+    }
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return e.to_string();
+    };
+    use tonic::Code;
+    let message = status.message();
+    let user = opts.username.as_deref().unwrap_or_default();
+    match status.code() {
+        Code::InvalidArgument if message.contains("authentication failed") => format!(
+            "etcd at {endpoints} refuses the user {user:?} of --etcd-username with the password \
+             of --etcd-password (or FLANNELD_ETCD_PASSWORD): {message}"
+        ),
+        Code::Unauthenticated | Code::InvalidArgument if message.contains("user name") => format!(
+            "etcd at {endpoints} requires a user: {message} (give --etcd-username and \
+             --etcd-password)"
+        ),
+        Code::PermissionDenied => format!(
+            "etcd at {endpoints} does not let the user {user:?} of --etcd-username do this: \
+             {message}"
+        ),
+        Code::Cancelled | Code::Unknown | Code::Unavailable
+            if peer.closed_hint.is_some()
+                && (message.contains("cancel") || message.contains("transport error")) =>
+        {
+            peer.closed(&endpoints)
+        }
+        _ => format!("etcd at {endpoints}: {message}"),
+    }
+}
+
+async fn timed<T>(
+    opts: &EtcdOptions,
     what: &str,
-    f: impl std::future::Future<Output = std::result::Result<T, E>>,
+    f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
 ) -> Result<T> {
     match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(failed(what, e)),
+        Ok(Err(e)) => Err(failed(what, etcd_cause(&e, opts))),
         Err(_) => Err(failed(
             what,
             format!("no answer within {REQUEST_TIMEOUT:?}"),
@@ -105,6 +173,7 @@ impl EtcdRegistry {
     pub async fn connect(opts: EtcdOptions) -> Result<EtcdRegistry> {
         let co = Self::connect_options(&opts)?;
         let client = timed(
+            &opts,
             &format!("connecting to etcd at {}", opts.endpoints.join(",")),
             Client::connect(&opts.endpoints, Some(co)),
         )
@@ -165,7 +234,7 @@ impl EtcdRegistry {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else(otherwise);
-            let r = timed(&format!("creating {path}"), c.txn(txn)).await?;
+            let r = timed(&self.opts, &format!("creating {path}"), c.txn(txn)).await?;
             if r.succeeded() {
                 return Ok(());
             }
@@ -198,7 +267,12 @@ impl EtcdRegistry {
     async fn grant(&self, ttl: Duration) -> Result<i64> {
         let mut c = self.client.clone();
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let grant = timed("granting an etcd lease", c.lease_grant(ttl_secs, None)).await?;
+        let grant = timed(
+            &self.opts,
+            "granting an etcd lease",
+            c.lease_grant(ttl_secs, None),
+        )
+        .await?;
         Ok(grant.id())
     }
 }
@@ -223,7 +297,12 @@ impl Registry for EtcdRegistry {
     async fn config(&self) -> Result<Option<Vec<u8>>> {
         let mut c = self.client.clone();
         let key = format!("{}/config", self.opts.prefix);
-        let resp = timed(&format!("reading {key}"), c.get(key.as_str(), None)).await?;
+        let resp = timed(
+            &self.opts,
+            &format!("reading {key}"),
+            c.get(key.as_str(), None),
+        )
+        .await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
@@ -234,6 +313,7 @@ impl Registry for EtcdRegistry {
             .max_decoding_message_size(MAX_ANSWER);
         let prefix = self.subnets_prefix();
         let resp = timed(
+            &self.opts,
             &format!("listing {prefix}"),
             c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
         )
@@ -271,7 +351,12 @@ impl Registry for EtcdRegistry {
             Ok(()) => Ok(SystemTime::now() + ttl),
             Err(e) => {
                 // The grant would only expire by itself; give it back now.
-                let _ = timed("revoking an unused etcd lease", c.lease_revoke(lease)).await;
+                let _ = timed(
+                    &self.opts,
+                    "revoking an unused etcd lease",
+                    c.lease_revoke(lease),
+                )
+                .await;
                 Err(e)
             }
         }
@@ -282,6 +367,7 @@ impl Registry for EtcdRegistry {
         let path = self.lease_key(key);
         let mut c = self.client.clone();
         timed(
+            &self.opts,
             &format!("renewing {path}"),
             c.put(
                 path.as_str(),
@@ -296,7 +382,12 @@ impl Registry for EtcdRegistry {
     async fn delete(&self, key: &SubnetKey) -> Result<()> {
         let path = self.lease_key(key);
         let mut c = self.client.clone();
-        timed(&format!("deleting {path}"), c.delete(path.as_str(), None)).await?;
+        timed(
+            &self.opts,
+            &format!("deleting {path}"),
+            c.delete(path.as_str(), None),
+        )
+        .await?;
         Ok(())
     }
 
@@ -310,6 +401,7 @@ impl Registry for EtcdRegistry {
             .with_prefix()
             .with_start_revision(revision + 1);
         let mut stream = match timed(
+            &self.opts,
             &format!("watching {prefix}"),
             c.watch(prefix.as_str(), Some(opts)),
         )
@@ -322,7 +414,12 @@ impl Registry for EtcdRegistry {
             let resp = match stream.message().await {
                 Ok(Some(r)) => r,
                 Ok(None) => return WatchEnd::Broken(format!("the watch on {prefix} ended")),
-                Err(e) => return WatchEnd::Broken(format!("watching {prefix}: {e}")),
+                Err(e) => {
+                    return WatchEnd::Broken(format!(
+                        "watching {prefix}: {}",
+                        etcd_cause(&e, &self.opts)
+                    ))
+                }
             };
             if resp.compact_revision() > 0 {
                 return WatchEnd::Compacted(resp.compact_revision());

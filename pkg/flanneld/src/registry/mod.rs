@@ -4,6 +4,7 @@
 //! a free subnet and create its lease, a registry that assigns subnets itself returns the
 //! one it was given).
 
+pub mod cause;
 pub mod dir;
 pub mod etcd;
 pub mod kube;
@@ -15,7 +16,7 @@ use crate::metrics::{self, METRICS};
 use crate::view::BadEntry;
 use std::fmt;
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
@@ -168,23 +169,23 @@ pub trait Registry: Send + Sync + 'static {
     }
 }
 
-/// Lists until the registry answers, logging each failure once per 30 s.
+/// Lists until the registry answers, logging a failure when its cause changes.
 pub async fn list_until_ok<R: Registry>(reg: &R) -> Listing {
-    let mut last_log: Option<Instant> = None;
+    let mut trouble = cause::Retrying::default();
     let mut delay = Duration::from_millis(200);
     loop {
         match reg.list().await {
             Ok(l) => {
-                if last_log.is_some() {
+                if trouble.passed().is_some() {
                     info!("reached {} again", reg.describe());
                 }
                 return l;
             }
             Err(e) => {
                 metrics::inc(&METRICS.registry_errors);
-                if last_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                let e = e.to_string();
+                if trouble.failed(&e) {
                     warn!("listing leases in {}: {e}; retrying", reg.describe());
-                    last_log = Some(Instant::now());
                 }
             }
         }

@@ -1,16 +1,30 @@
 //! The Kubernetes API as flanneld uses it, through kube-rs: where the API server is (flags,
 //! in-cluster configuration, kubeconfig), this node's name, Nodes listed in pages and watched,
 //! the status PATCH, and what an error answer means.
+//!
+//! kube-rs builds the requests and carries them (TLS, credentials); the answers are read here:
+//! the status and `Retry-After` of a refusal, the watch's lines one at a time, and a failed
+//! connection named by its cause. Every request waits its turn after failures, so that a node
+//! asks an API server in trouble at most about once per 30 s, or when it says to come back.
+//! HTTP/1.1 only, as kube-rs's connector offers it: the watch has its own connection, so a
+//! stalled watch does not hold up a GET or PATCH, and a dead connection is found by the read
+//! timeout rather than by HTTP/2 pings.
 
 use super::node::{null_as_default, NodeObject};
+use crate::registry::cause::{connection_cause, Peer};
 use futures::{Stream, StreamExt};
+use http_body_util::BodyExt;
 use kube::api::{ListParams, Patch, PatchParams, WatchParams};
+use kube::client::Body;
+use kube::config::Kubeconfig;
 use kube::core::WatchEvent;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::fmt;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::info;
 
 /// Where a pod finds its service account, as client-go reads it.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -18,6 +32,16 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 const PAGE: u32 = 500;
 /// A watch asks the server to end it after this, and is then resumed from where it was.
 const WATCH_TIMEOUT_S: u32 = 290;
+/// After a failure the next request waits from this, doubling at each failure in a row...
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+/// ...up to this (client-go's reflector backs off to 30 s too).
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Failures further apart than this start the backoff from the beginning again.
+const BACKOFF_RESET: Duration = Duration::from_secs(120);
+/// The longest `Retry-After` taken as it is; a longer one is waited this long.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+/// Times a list whose continue token expired between its pages starts again at once.
+const LIST_RESTARTS: usize = 3;
 
 /// What a request was, for error messages: RBAC's verb and resource, and the object.
 #[derive(Debug, Clone, Copy)]
@@ -39,9 +63,11 @@ impl fmt::Display for Op<'_> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KubeError {
-    /// The API server could not be reached, timed out or answered 5xx: try again later.
+    /// The API server could not be reached, timed out or answered 429 or 5xx: try again later.
     Unavailable(String),
-    /// 401 or 403: the account lacks the right to this verb on this resource.
+    /// 401: the API server does not accept the credentials (an expired token).
+    Unauthenticated(String),
+    /// 403: the account lacks the right to this verb on this resource.
     Denied {
         verb: &'static str,
         resource: &'static str,
@@ -69,6 +95,7 @@ impl fmt::Display for KubeError {
                  needs get, list and watch on nodes, patch on nodes/status and get on pods)"
             ),
             KubeError::Unavailable(m)
+            | KubeError::Unauthenticated(m)
             | KubeError::NotFound(m)
             | KubeError::Expired(m)
             | KubeError::Refused(m)
@@ -82,7 +109,8 @@ impl std::error::Error for KubeError {}
 /// What an answer with HTTP status `code` means for `op`.
 pub fn classify(op: Op<'_>, code: u16, message: &str) -> KubeError {
     match code {
-        401 | 403 => KubeError::Denied {
+        401 => KubeError::Unauthenticated(format!("{op}: {message} (401)")),
+        403 => KubeError::Denied {
             verb: op.verb,
             resource: op.resource,
             message: message.to_string(),
@@ -94,13 +122,86 @@ pub fn classify(op: Op<'_>, code: u16, message: &str) -> KubeError {
     }
 }
 
-fn from_kube(op: Op<'_>, e: kube::Error) -> KubeError {
-    match e {
-        kube::Error::Api(r) => classify(op, r.code, &r.message),
-        kube::Error::SerdeError(e) => {
-            KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
+/// The seconds of a `Retry-After` header (the API server gives seconds, not a date).
+fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs))
+}
+
+/// The message of an error answer: its Status's, else its text.
+fn answer_message(body: &[u8], status: http::StatusCode) -> String {
+    #[derive(Deserialize)]
+    struct Status {
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_slice::<Status>(body) {
+        Ok(s) if !s.message.is_empty() => s.message,
+        _ => {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            if text.is_empty() {
+                status.canonical_reason().unwrap_or("").to_string()
+            } else {
+                text.chars().take(300).collect()
+            }
         }
-        other => KubeError::Unavailable(format!("{op}: {other}")),
+    }
+}
+
+/// The messages of an error's chain, each once.
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let t = e.to_string();
+        if !parts.iter().any(|p| p.contains(&t)) {
+            parts.push(t);
+        }
+        next = e.source();
+    }
+    parts.join(": ")
+}
+
+/// How requests are spaced while they fail: each failure pushes the next request back,
+/// from `FIRST_BACKOFF` doubling to `MAX_BACKOFF` with jitter, or as far as `Retry-After`
+/// says when that is later.
+#[derive(Debug, Default)]
+struct Pace {
+    not_before: Option<Instant>,
+    backoff: Duration,
+    last_failure: Option<Instant>,
+}
+
+impl Pace {
+    fn failed(&mut self, retry_after: Option<Duration>) {
+        let now = Instant::now();
+        if self
+            .last_failure
+            .is_none_or(|t| now.duration_since(t) > BACKOFF_RESET)
+        {
+            self.backoff = Duration::ZERO;
+        }
+        self.backoff = if self.backoff.is_zero() {
+            FIRST_BACKOFF
+        } else {
+            (self.backoff * 2).min(MAX_BACKOFF)
+        };
+        let half = self.backoff / 2;
+        let jittered = half + half.mul_f64(fastrand::f64());
+        let wait = jittered.max(retry_after.unwrap_or_default().min(MAX_RETRY_AFTER));
+        self.not_before = Some(now + wait);
+        self.last_failure = Some(now);
+    }
+
+    fn passed(&mut self) {
+        self.not_before = None;
     }
 }
 
@@ -201,6 +302,73 @@ struct ListMeta {
 pub struct KubeClient {
     client: kube::Client,
     server: String,
+    /// host:port of the server, for causes.
+    addr: String,
+    peer: Peer,
+    /// Whose credentials the requests carry, and where they were given.
+    credentials: String,
+    pace: Arc<Mutex<Pace>>,
+}
+
+/// Where the CA, the client certificate and the credentials of `kc`'s current context come
+/// from, for the words of a failure; `source` names the kubeconfig.
+fn describe_kubeconfig(kc: &Kubeconfig, source: &str) -> (String, Option<String>, String) {
+    let context = kc
+        .current_context
+        .as_deref()
+        .and_then(|c| kc.contexts.iter().find(|n| n.name == c))
+        .and_then(|n| n.context.as_ref());
+    let cluster = context
+        .and_then(|c| kc.clusters.iter().find(|n| n.name == c.cluster))
+        .and_then(|n| n.cluster.as_ref());
+    let user_name = context.and_then(|c| c.user.clone()).unwrap_or_default();
+    let user = kc
+        .auth_infos
+        .iter()
+        .find(|n| n.name == user_name)
+        .and_then(|n| n.auth_info.as_ref());
+    let ca = match cluster {
+        Some(c) if c.certificate_authority.is_some() => format!(
+            "the CA in {} (certificate-authority of {source})",
+            c.certificate_authority.as_deref().unwrap_or_default()
+        ),
+        Some(c) if c.certificate_authority_data.is_some() => {
+            format!("the CA in the certificate-authority-data of {source}")
+        }
+        _ => format!("this machine's trusted CAs ({source} names no certificate-authority)"),
+    };
+    let who = format!("user {user_name:?} of {source}");
+    let client_cert = user.and_then(|u| {
+        u.client_certificate
+            .as_deref()
+            .map(|p| format!("the client certificate {p} of {who}"))
+            .or_else(|| {
+                u.client_certificate_data
+                    .as_ref()
+                    .map(|_| format!("the client-certificate-data of {who}"))
+            })
+    });
+    let credentials = match user {
+        Some(u) if u.token.is_some() => format!("the token of {who}"),
+        Some(u) if u.token_file.is_some() => format!(
+            "the token in {} ({who})",
+            u.token_file.as_deref().unwrap_or_default()
+        ),
+        Some(u) if u.exec.is_some() => format!(
+            "the token of the exec command {:?} ({who})",
+            u.exec
+                .as_ref()
+                .and_then(|e| e.command.clone())
+                .unwrap_or_default()
+        ),
+        Some(u) if u.username.is_some() => format!(
+            "the basic-auth user {:?} ({who})",
+            u.username.as_deref().unwrap_or_default()
+        ),
+        Some(_) if client_cert.is_some() => client_cert.clone().unwrap_or_default(),
+        _ => format!("no credentials ({who} has none)"),
+    };
+    (ca, client_cert, credentials)
 }
 
 const NODES: &str = "/api/v1/nodes";
@@ -217,49 +385,115 @@ impl KubeClient {
         let cfg_err = |what: String| {
             move |e: kube::config::KubeconfigError| KubeError::Config(format!("{what}: {e}"))
         };
-        let mut config = match (api_url, kubeconfig) {
-            (_, Some(path)) => {
-                let what = format!("--kubeconfig-file {}", path.display());
-                let kc =
-                    kube::config::Kubeconfig::read_from(path).map_err(cfg_err(what.clone()))?;
-                kube::Config::from_custom_kubeconfig(kc, &options)
-                    .await
-                    .map_err(cfg_err(what))?
-            }
-            (Some(url), None) => kube::Config::new(
-                url.parse()
-                    .map_err(|e| KubeError::Config(format!("--kube-api-url {url:?}: {e}")))?,
-            ),
-            (None, None) => {
-                let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
-                let port = std::env::var("KUBERNETES_SERVICE_PORT").ok();
-                match in_cluster_kubeconfig(
-                    host.as_deref(),
-                    port.as_deref(),
-                    Path::new(SERVICE_ACCOUNT_DIR),
-                ) {
-                    Ok(kc) => kube::Config::from_custom_kubeconfig(kc, &options)
+        let (mut config, (ca, client_cert, credentials), mut address_from) =
+            match (api_url, kubeconfig) {
+                (_, Some(path)) => {
+                    let what = format!("--kubeconfig-file {}", path.display());
+                    let kc = Kubeconfig::read_from(path).map_err(cfg_err(what.clone()))?;
+                    let described = describe_kubeconfig(&kc, &path.display().to_string());
+                    let config = kube::Config::from_custom_kubeconfig(kc, &options)
                         .await
-                        .map_err(cfg_err("the in-cluster configuration".into()))?,
-                    Err(why) => kube::Config::from_kubeconfig(&options).await.map_err(|e| {
-                        KubeError::Config(format!(
-                            "no --kubeconfig-file or --kube-api-url, {why}, and no usable \
-                             $KUBECONFIG or ~/.kube/config: {e}"
-                        ))
-                    })?,
+                        .map_err(cfg_err(what))?;
+                    (
+                        config,
+                        described,
+                        format!("the server of {}", path.display()),
+                    )
                 }
-            }
-        };
+                (Some(url), None) => (
+                    kube::Config::new(
+                        url.parse().map_err(|e| {
+                            KubeError::Config(format!("--kube-api-url {url:?}: {e}"))
+                        })?,
+                    ),
+                    (
+                        "this machine's trusted CAs (--kube-api-url without a kubeconfig)".into(),
+                        None,
+                        "no credentials (--kube-api-url without a kubeconfig)".into(),
+                    ),
+                    "--kube-api-url".into(),
+                ),
+                (None, None) => {
+                    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+                    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok();
+                    match in_cluster_kubeconfig(
+                        host.as_deref(),
+                        port.as_deref(),
+                        Path::new(SERVICE_ACCOUNT_DIR),
+                    ) {
+                        Ok(kc) => {
+                            let described =
+                                describe_kubeconfig(&kc, "the in-cluster configuration");
+                            let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                                .await
+                                .map_err(cfg_err("the in-cluster configuration".into()))?;
+                            (
+                                config,
+                                described,
+                                "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT".into(),
+                            )
+                        }
+                        Err(why) => {
+                            let fail = |e: kube::config::KubeconfigError| {
+                                KubeError::Config(format!(
+                                    "no --kubeconfig-file or --kube-api-url, {why}, and no \
+                                     usable $KUBECONFIG or ~/.kube/config: {e}"
+                                ))
+                            };
+                            let kc = Kubeconfig::read().map_err(fail)?;
+                            let described =
+                                describe_kubeconfig(&kc, "$KUBECONFIG or ~/.kube/config");
+                            let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                                .await
+                                .map_err(fail)?;
+                            (
+                                config,
+                                described,
+                                "the server of $KUBECONFIG or ~/.kube/config".into(),
+                            )
+                        }
+                    }
+                }
+            };
         if let (Some(url), Some(_)) = (api_url, kubeconfig) {
             config.cluster_url = url
                 .parse()
                 .map_err(|e| KubeError::Config(format!("--kube-api-url {url:?}: {e}")))?;
+            address_from = "--kube-api-url".into();
         }
         config.connect_timeout = Some(Duration::from_secs(5));
         let server = config.cluster_url.to_string();
+        let addr = match config.cluster_url.authority() {
+            Some(a) if a.port().is_some() => a.to_string(),
+            Some(a) => {
+                let port = if config.cluster_url.scheme_str() == Some("http") {
+                    80
+                } else {
+                    443
+                };
+                format!("{}:{port}", a.host())
+            }
+            None => server.clone(),
+        };
         let client = kube::Client::try_from(config)
             .map_err(|e| KubeError::Config(format!("a client for {server}: {e}")))?;
-        Ok(KubeClient { client, server })
+        let closed_hint = server
+            .starts_with("http://")
+            .then(|| format!("does it want TLS? {address_from} says http"));
+        Ok(KubeClient {
+            client,
+            server,
+            addr,
+            peer: Peer {
+                what: "the API server",
+                closed_hint,
+                address_from,
+                ca,
+                client_cert,
+            },
+            credentials,
+            pace: Arc::default(),
+        })
     }
 
     /// The API server's URL, for log lines.
@@ -267,13 +501,106 @@ impl KubeClient {
         &self.server
     }
 
+    /// Whose credentials the requests carry, for log lines.
+    pub fn credentials(&self) -> &str {
+        &self.credentials
+    }
+
+    fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
+        self.pace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A failed connection or a broken answer as the operator fixes it.
+    fn transport_error(&self, op: Op<'_>, e: &(dyn std::error::Error + 'static)) -> KubeError {
+        let cause = connection_cause(e, &self.peer, &self.addr)
+            .unwrap_or_else(|| format!("{} at {}: {}", self.peer.what, self.addr, chain_text(e)));
+        KubeError::Unavailable(format!("{op}: {cause}"))
+    }
+
+    /// Sends `req` when its turn comes; Ok for a 2xx answer, else what the answer means.
+    async fn send(
+        &self,
+        op: Op<'_>,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+    ) -> Result<http::Response<Body>, KubeError> {
+        let req = req.map_err(|e| KubeError::Refused(format!("{op}: {e}")))?;
+        let not_before = self.pace().not_before;
+        if let Some(t) = not_before {
+            tokio::time::sleep_until(t.into()).await;
+        }
+        let res = match self.client.send(req.map(Body::from)).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.pace().failed(None);
+                return Err(self.transport_error(op, &e));
+            }
+        };
+        let status = res.status();
+        if status.is_success() {
+            self.pace().passed();
+            return Ok(res);
+        }
+        let wait = retry_after(res.headers());
+        let body = match res.into_body().collect_bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                self.pace().failed(None);
+                return Err(self.transport_error(op, &e));
+            }
+        };
+        let message = answer_message(&body, status);
+        let code = status.as_u16();
+        let err = match code {
+            401 => KubeError::Unauthenticated(format!(
+                "{op}: the API server at {} does not accept {} ({code} {message}): an expired \
+                 or revoked token, or a certificate it does not trust",
+                self.addr, self.credentials
+            )),
+            429 | 500..=599 => KubeError::Unavailable(match wait {
+                Some(w) => format!(
+                    "{op}: {message} ({code}); the API server asks to come back in {} s",
+                    w.as_secs()
+                ),
+                None => format!("{op}: {message} ({code})"),
+            }),
+            _ => classify(op, code, &message),
+        };
+        match err {
+            KubeError::Unavailable(_)
+            | KubeError::Unauthenticated(_)
+            | KubeError::Denied { .. } => self.pace().failed(wait),
+            _ => self.pace().passed(),
+        }
+        Err(err)
+    }
+
+    /// Notes a failure found after the answer began (a watch that broke), for the pace.
+    fn stream_failed(&self) {
+        self.pace().failed(None);
+    }
+
+    /// Notes a failure the caller found in an answer that was not an error (a watch that
+    /// ended at once), so that the next request waits its turn.
+    pub fn note_failure(&self) {
+        self.stream_failed();
+    }
+
     async fn request<T: serde::de::DeserializeOwned>(
         &self,
         op: Op<'_>,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<T, KubeError> {
-        let req = req.map_err(|e| KubeError::Refused(format!("{op}: {e}")))?;
-        self.client.request(req).await.map_err(|e| from_kube(op, e))
+        let res = self.send(op, req).await?;
+        let body = match res.into_body().collect_bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                self.stream_failed();
+                return Err(self.transport_error(op, &e));
+            }
+        };
+        serde_json::from_slice(&body).map_err(|e| {
+            KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
+        })
     }
 
     /// This node's name: `NODE_NAME`, else the `spec.nodeName` of the pod `POD_NAME` in
@@ -316,28 +643,41 @@ impl KubeClient {
         .await
     }
 
-    /// Every node, in pages, and the resourceVersion of the list.
+    /// Every node, in pages, and the resourceVersion of the list. A continue token that
+    /// expires between pages (the server compacted meanwhile) starts the list again.
     pub async fn list_nodes(&self) -> Result<(Vec<NodeObject>, String), KubeError> {
         let op = Op {
             verb: "list",
             resource: "nodes",
             name: None,
         };
-        let mut nodes = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let lp = ListParams {
-                limit: Some(PAGE),
-                continue_token: token.take(),
-                ..Default::default()
-            };
-            let page: NodeList = self
-                .request(op, kube::core::Request::new(NODES).list(&lp))
-                .await?;
-            nodes.extend(page.items);
-            match page.metadata.continue_token.filter(|t| !t.is_empty()) {
-                Some(t) => token = Some(t),
-                None => return Ok((nodes, page.metadata.resource_version)),
+        let mut restarts = 0;
+        'list: loop {
+            let mut nodes = Vec::new();
+            let mut token: Option<String> = None;
+            loop {
+                let lp = ListParams {
+                    limit: Some(PAGE),
+                    continue_token: token.clone(),
+                    ..Default::default()
+                };
+                let page: NodeList = match self
+                    .request(op, kube::core::Request::new(NODES).list(&lp))
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(KubeError::Expired(m)) if token.is_some() && restarts < LIST_RESTARTS => {
+                        restarts += 1;
+                        info!("the list of the nodes expired between its pages ({m}); listing them from the start");
+                        continue 'list;
+                    }
+                    Err(e) => return Err(e),
+                };
+                nodes.extend(page.items);
+                match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+                    Some(t) => token = Some(t),
+                    None => return Ok((nodes, page.metadata.resource_version)),
+                }
             }
         }
     }
@@ -359,15 +699,55 @@ impl KubeClient {
             bookmarks: true,
             ..Default::default()
         };
-        let req = kube::core::Request::new(NODES)
-            .watch(&wp, resource_version)
-            .map_err(|e| KubeError::Refused(format!("{op}: {e}")))?;
-        let stream = self
-            .client
-            .request_events::<NodeObject>(req)
-            .await
-            .map_err(|e| from_kube(op, e))?;
-        Ok(StreamExt::map(stream, move |r| r.map_err(|e| from_kube(op, e))).boxed())
+        let req = kube::core::Request::new(NODES).watch(&wp, resource_version);
+        let body = self.send(op, req).await?.into_body();
+        let this = self.clone();
+        let lines = futures::stream::unfold(
+            (body, Vec::<u8>::new(), false),
+            move |(mut body, mut buf, done)| {
+                let this = this.clone();
+                async move {
+                    loop {
+                        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
+                            let line: Vec<u8> = buf.drain(..=i).collect();
+                            if line.iter().all(u8::is_ascii_whitespace) {
+                                continue;
+                            }
+                            return Some((event(op, &line), (body, buf, done)));
+                        }
+                        if done {
+                            return None;
+                        }
+                        match body.frame().await {
+                            Some(Ok(frame)) => {
+                                if let Ok(data) = frame.into_data() {
+                                    buf.extend_from_slice(&data);
+                                }
+                            }
+                            Some(Err(e)) => {
+                                this.stream_failed();
+                                return Some((
+                                    Err(this.transport_error(op, &e)),
+                                    (body, Vec::new(), true),
+                                ));
+                            }
+                            None => {
+                                // A last line without its newline.
+                                if buf.iter().all(u8::is_ascii_whitespace) {
+                                    return None;
+                                }
+                                buf.push(b'\n');
+                                return Some((
+                                    event(op, &std::mem::take(&mut buf)),
+                                    (body, Vec::new(), true),
+                                ));
+                            }
+                        }
+                    }
+                }
+            },
+        );
+        Ok(lines.boxed())
     }
 
     /// A strategic-merge PATCH of `nodes/<name>/status`.
@@ -386,6 +766,15 @@ impl KubeClient {
         let _: Value = self.request(op, req).await?;
         Ok(())
     }
+}
+
+/// One line of a watch.
+fn event(op: Op<'_>, line: &[u8]) -> Result<WatchEvent<NodeObject>, KubeError> {
+    serde_json::from_slice(line).map_err(|e| {
+        KubeError::Refused(format!(
+            "{op}: an event that is not what the API gives: {e}"
+        ))
+    })
 }
 
 #[cfg(test)]

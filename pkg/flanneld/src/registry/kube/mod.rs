@@ -30,6 +30,7 @@ pub use watch::{Delivery, NodeWatch, WatchStop};
 use crate::config::NetConfig;
 use crate::lease::{LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
+use crate::registry::cause::Retrying;
 use crate::registry::{Change, LeaseRequest, Listing, Registry, RegistryError, WatchEnd};
 
 use futures::StreamExt;
@@ -64,12 +65,15 @@ pub struct KubeRegistry {
     watch: Mutex<Option<NodeWatch>>,
 }
 
-/// Log lines about the same failure come at most this often.
+/// Log lines about the same wait come at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(30);
-/// Retries of a failed request wait from 200 ms up to this.
+/// Retries of a failed request wait from 200 ms up to this, besides the client's own pace.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// A watch that ends sooner than this without an event is a failure, not the server's
+/// timeout (client-go's reflector calls it a very short watch).
+const SHORT_WATCH: Duration = Duration::from_secs(1);
 
-/// A failure logged once, then again only every `LOG_EVERY` while it lasts.
+/// A wait logged once, then again only every `LOG_EVERY` while it lasts.
 #[derive(Default)]
 struct Quiet {
     last: Option<Instant>,
@@ -112,12 +116,13 @@ impl KubeRegistry {
         let client =
             KubeClient::connect(opts.api_url.as_deref(), opts.kubeconfig.as_deref()).await?;
         let env = NodeEnv::from_env();
-        let mut quiet = Quiet::default();
+        let mut trouble = Retrying::default();
         let node_name = loop {
             match client.node_name(&env).await {
                 Ok(n) => break n,
-                Err(KubeError::Unavailable(e)) => {
-                    if quiet.due() {
+                Err(e @ (KubeError::Unavailable(_) | KubeError::Unauthenticated(_))) => {
+                    let e = e.to_string();
+                    if trouble.failed(&e) {
                         warn!("finding this node's name: {e}; retrying");
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -209,11 +214,11 @@ impl KubeRegistry {
     ) -> Result<SubnetKey, String> {
         let name = self.node_name.as_str();
         let mut waiting = Quiet::default();
-        let mut failing = Quiet::default();
+        let mut failing = Retrying::default();
         let mut delay = Duration::from_millis(200);
         let mut fail = |what: String, delay: &mut Duration| {
             metrics::inc(&METRICS.registry_errors);
-            if failing.due() {
+            if failing.failed(&what) {
                 warn!("{what}; retrying");
             }
             let d = *delay;
@@ -324,21 +329,36 @@ impl KubeRegistry {
         })
     }
 
-    /// Follows the nodes from the last listing, sending every lease change, until a 410 asks
-    /// for a new listing (`Compacted`) or nobody listens. A broken connection, a server that
-    /// ends the watch or answers 5xx, is watched again from where it was, backing off.
+    /// Follows the nodes from the last listing, sending every lease change, until the
+    /// server says the resourceVersion is too old (410, as the watch's answer or as an ERROR
+    /// event in it: `Compacted`, for a new listing) or nobody listens. A watch the server ends
+    /// (its timeout, a replica restarting) is watched again from the last resourceVersion,
+    /// which bookmarks keep moving; a broken connection, a 429 or 5xx too, as often as the
+    /// client's pace allows. A failure is logged when its cause changes.
     pub async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
-        let mut delay = Duration::from_millis(200);
-        let mut quiet = Quiet::default();
+        let mut trouble = Retrying::default();
         loop {
             let rv = match self.lock().as_ref() {
                 Some(w) => w.resource_version().to_string(),
                 None => return WatchEnd::Broken("the nodes were never listed".into()),
             };
+            let started = Instant::now();
+            let mut seen = 0usize;
             let failure = match self.client.watch_nodes(&rv).await {
+                Err(KubeError::Expired(m)) => {
+                    info!("the watch on the nodes from resourceVersion {rv} is too old ({m}); listing them again");
+                    return WatchEnd::Compacted(0);
+                }
                 Err(e) => Some(e.to_string()),
                 Ok(mut events) => loop {
                     let Some(item) = events.next().await else {
+                        if seen == 0 && started.elapsed() < SHORT_WATCH {
+                            self.client.note_failure();
+                            break Some(format!(
+                                "the API server at {} ended the watch at once, with no event",
+                                self.client.server()
+                            ));
+                        }
                         break None;
                     };
                     let step = match item {
@@ -348,9 +368,16 @@ impl KubeRegistry {
                         },
                         Err(e) => break Some(e.to_string()),
                     };
+                    seen += 1;
                     match step {
                         Ok(d) => {
-                            delay = Duration::from_millis(200);
+                            if let Some((t, n)) = trouble.passed() {
+                                info!(
+                                    "watching the nodes at {} again, after {n} failed attempts in {} s",
+                                    self.client.server(),
+                                    t.as_secs()
+                                );
+                            }
                             for b in &d.bad {
                                 warn!("skipping {}: {}", b.key, b.reason);
                             }
@@ -368,16 +395,22 @@ impl KubeRegistry {
                     }
                 },
             };
-            if let Some(why) = failure {
-                metrics::inc(&METRICS.registry_errors);
-                if quiet.due() {
-                    warn!(
-                        "watching the nodes at {}: {why}; retrying",
-                        self.client.server()
-                    );
+            match failure {
+                Some(why) => {
+                    metrics::inc(&METRICS.registry_errors);
+                    if trouble.failed(&why) {
+                        warn!("watching the nodes: {why}; retrying");
+                    }
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_BACKOFF);
+                None => {
+                    if let Some((t, n)) = trouble.passed() {
+                        info!(
+                            "watching the nodes at {} again, after {n} failed attempts in {} s",
+                            self.client.server(),
+                            t.as_secs()
+                        );
+                    }
+                }
             }
         }
     }
