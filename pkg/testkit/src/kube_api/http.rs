@@ -304,7 +304,7 @@ pub fn serve(stream: impl Read + Write, shared: &Shared, stopped: &AtomicBool) {
     }
 }
 
-/// Answers one request; Ok(false) when the connection must end (after a watch).
+/// Answers one request; Ok(false) when the connection must end.
 fn handle(
     req: &Request,
     shared: &Shared,
@@ -424,10 +424,11 @@ fn handle(
         }
     }
     if watch && matches!(route, Route::Nodes) {
-        stream_watch(req, shared, w, stopped, |code| {
+        // After a watch that ended as it should, the connection serves the next request, as
+        // the API server's does.
+        return stream_watch(req, shared, w, stopped, |code| {
             shared.log(req, &principal.user, verb, code)
-        })?;
-        return Ok(false);
+        });
     }
     let answer = answer(req, &route, shared);
     let (code, body) = match answer {
@@ -600,7 +601,7 @@ fn stream_watch(
     w: &mut impl Write,
     stopped: &AtomicBool,
     log: impl FnOnce(u16),
-) -> std::io::Result<()> {
+) -> std::io::Result<bool> {
     let bookmarks = req.flag("allowWatchBookmarks");
     let timeout = req
         .param("timeoutSeconds")
@@ -618,7 +619,7 @@ fn stream_watch(
                 e.status_json().as_bytes(),
                 true,
             )?;
-            return Ok(());
+            return Ok(false);
         }
     };
     let requested = req.param("resourceVersion").unwrap_or_default();
@@ -638,7 +639,7 @@ fn stream_watch(
                     e.status_json().as_bytes(),
                     true,
                 )?;
-                return Ok(());
+                return Ok(false);
             }
         },
     };
@@ -653,7 +654,7 @@ fn stream_watch(
                 e.status_json().as_bytes(),
                 true,
             )?;
-            return Ok(());
+            return Ok(false);
         }
     }
     log(200);
@@ -684,7 +685,7 @@ fn stream_watch(
     let mut last_bookmark = Instant::now();
     loop {
         if stopped.load(Ordering::Relaxed) {
-            return Ok(());
+            return Ok(false);
         }
         let (events, now_rv): (Result<Vec<Event>, ApiError>, u64) = {
             let store = shared.store();
@@ -734,5 +735,6 @@ fn stream_watch(
         }
     }
     w.write_all(b"0\r\n\r\n")?;
-    w.flush()
+    w.flush()?;
+    Ok(true)
 }
