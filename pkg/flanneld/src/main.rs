@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
