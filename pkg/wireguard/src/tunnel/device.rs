@@ -476,7 +476,13 @@ impl Device {
                 message: format!("setting fwmark {mark}: {e}"),
             })?;
         }
-        if let Some(key) = config.private_key {
+        // The same key again (a restarted flanneld configuring the tunnel it left) keeps the
+        // sessions, as the kernel's WireGuard does.
+        let current = state.identity.as_ref().map(|i| i.key);
+        if let Some(key) = config
+            .private_key
+            .filter(|k| Some(*k) != current && !(k.is_zero() && current.is_none()))
+        {
             let identity = (!key.is_zero()).then(|| {
                 let secret = StaticSecret::from(key.0);
                 let public = PublicKey::from(&secret);
