@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod api;
 pub mod hostgw;
 pub mod vxlan;
+pub mod wireguard;
 
 use crate::config::{ConfigError, NetConfig};
 use api::Backend;
@@ -18,6 +19,9 @@ const TYPES: &[(&str, Make)] = &[
     ("vxlan", |cfg| Ok(Arc::new(vxlan::Vxlan::from_config(cfg)?))),
     ("host-gw", |_| Ok(Arc::new(hostgw::HostGw))),
     ("alloc", |_| Ok(Arc::new(alloc::Alloc))),
+    ("wireguard", |cfg| {
+        Ok(Arc::new(wireguard::WireGuard::from_config(cfg)?))
+    }),
 ];
 
 /// The backend the network config names, its keys checked; each refusal names the key.
@@ -58,7 +62,10 @@ mod tests {
         );
         let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#).unwrap_err();
         assert_eq!((e.key.as_str(), e.value.as_str()), ("Backend.Type", "udp"));
-        assert_eq!(e.reason, "is not supported: use vxlan, host-gw or alloc");
+        assert_eq!(
+            e.reason,
+            "is not supported: use vxlan, host-gw, alloc or wireguard"
+        );
         let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":"one"}}"#).unwrap_err();
         assert_eq!(e.key, "Backend.VNI");
     }

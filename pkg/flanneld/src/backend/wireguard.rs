@@ -1,0 +1,964 @@
+//! `wireguard`: pod traffic between nodes encrypted by WireGuard, in flannel's config and lease
+//! formats. A device per family (`flannel-wg`, `flannel-wg-v6`; `Mode` auto/ipv4/ipv6: one
+//! `flannel-wg` for both), the lease's subnet address on it, one route for the whole network
+//! through it, and per other node a peer (its public key, its public address and port, its
+//! subnet as allowed IPs, the PSK, the keepalive). The tunnel is the kernel's WireGuard where
+//! the kernel has it, else our userspace tunnel (`flannel-wireguard`, a process of its own
+//! that outlives flanneld), chosen once at start or forced by `Backend.Tunnel`.
+
+use super::api::{Backend, Device, DevicePeer, Here, Peer, Refusal, Skip};
+use crate::config::{field, ConfigError, NetConfig};
+use crate::entries::Want;
+use crate::family::IpFamily;
+use crate::iface::External;
+use cni_kernel::netlink::{Conn, Link, Route};
+use futures::future::BoxFuture;
+use ipnetwork::IpNetwork;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::any::Any;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tracing::{info, warn};
+use wireguard::control::{choose_mode, Control, TunnelMode};
+use wireguard::lease::{auto_endpoint, backend_data, device_mtu, parse_backend_data};
+use wireguard::supervise::{ensure_running, Launcher};
+use wireguard::uapi::{DeviceConfig, PeerConfig, PeerState, SOCKET_DIR};
+use wireguard::{key, Key};
+
+/// How the tunnel carries a node's families (`Backend.Mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// A device per family, each over its own family.
+    Separate,
+    /// One device; the underlay family the two nodes can best reach each other by.
+    Auto,
+    Ipv4,
+    Ipv6,
+}
+
+/// The userspace tunnel's program, beside flanneld's own.
+const TUNNEL_PROGRAM: &str = "flannel-wireguard";
+
+/// wireguard's keys in the config's `Backend`, with their defaults, and what this node's start
+/// settles once: its private key and which WireGuard runs the tunnel.
+#[derive(Debug)]
+pub struct WireGuard {
+    pub listen_port: u16,
+    pub listen_port_v6: u16,
+    pub psk: Option<Key>,
+    /// Seconds; 0: off.
+    pub keepalive: u16,
+    pub mode: Mode,
+    /// `Backend.Tunnel`: kernel, userspace, or None (auto).
+    pub forced: Option<TunnelMode>,
+    /// The cluster networks, IPv4 and IPv6, each routed whole through its device.
+    networks: (Option<IpNetwork>, Option<IpNetwork>),
+    key_file: PathBuf,
+    shared: Arc<Shared>,
+}
+
+/// What the devices of one start share.
+#[derive(Debug, Default)]
+struct Shared {
+    key: OnceLock<Key>,
+    tunnel: OnceLock<TunnelMode>,
+    /// Leases already warned of (subnet key and reason), so a bad one is said once.
+    warned: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+fn refuse(key: &str, v: impl std::fmt::Display, reason: &str) -> ConfigError {
+    ConfigError {
+        key: format!("Backend.{key}"),
+        value: v.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn port(b: &serde_json::Map<String, Value>, key: &str, default: u16) -> Result<u16, ConfigError> {
+    match field(b, key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=65535) => Ok(n as u16),
+            _ => Err(refuse(key, v, "must be a UDP port, 1 to 65535")),
+        },
+    }
+}
+
+fn text<'a>(
+    b: &'a serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<Option<&'a str>, ConfigError> {
+    match field(b, key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(v) => Err(refuse(key, v, "must be a string")),
+    }
+}
+
+impl WireGuard {
+    /// The config's `Backend` keys, checked; each refusal names the key. The key file is
+    /// `$WIREGUARD_KEY_FILE`, else /run/flannel/wgkey; it is read at `check`.
+    pub fn from_config(cfg: &NetConfig) -> Result<WireGuard, ConfigError> {
+        let empty = serde_json::Map::new();
+        let b = cfg.backend.as_object().unwrap_or(&empty);
+        let psk = match text(b, "PSK")? {
+            None | Some("") => None,
+            // The value is a secret: the refusal says what is wrong, never what it is.
+            Some(s) => Some(key::parse_psk(s).map_err(|_| {
+                refuse(
+                    "PSK",
+                    "(not shown)",
+                    "must be 32 bytes of base64, as `wg genpsk` prints",
+                )
+            })?),
+        };
+        let keepalive = match field(b, "PersistentKeepaliveInterval") {
+            None | Some(Value::Null) => 0,
+            Some(v) => match v.as_u64() {
+                Some(n) if n <= 65535 => n as u16,
+                _ => {
+                    return Err(refuse(
+                        "PersistentKeepaliveInterval",
+                        v,
+                        "must be whole seconds, 0 to 65535",
+                    ))
+                }
+            },
+        };
+        let mode = match text(b, "Mode")? {
+            None | Some("separate") => Mode::Separate,
+            Some("auto") => Mode::Auto,
+            Some("ipv4") => Mode::Ipv4,
+            Some("ipv6") => Mode::Ipv6,
+            Some(other) => {
+                return Err(refuse(
+                    "Mode",
+                    format!("{other:?}"),
+                    "must be separate, auto, ipv4 or ipv6",
+                ))
+            }
+        };
+        let forced = match text(b, "Tunnel")? {
+            None => None,
+            Some(t) => {
+                TunnelMode::parse_forced(t).map_err(|e| refuse("Tunnel", format!("{t:?}"), &e))?
+            }
+        };
+        Ok(WireGuard {
+            listen_port: port(b, "ListenPort", 51820)?,
+            listen_port_v6: port(b, "ListenPortV6", 51821)?,
+            psk,
+            keepalive,
+            mode,
+            forced,
+            networks: (cfg.network(IpFamily::V4), cfg.network(IpFamily::V6)),
+            key_file: key::key_file_path(),
+            shared: Arc::new(Shared::default()),
+        })
+    }
+
+    fn device_name(&self, family: IpFamily) -> &'static str {
+        match (self.mode, family) {
+            (Mode::Separate, IpFamily::V6) => "flannel-wg-v6",
+            _ => "flannel-wg",
+        }
+    }
+
+    /// The port a family's device listens on, and the one other nodes' are reached at (all
+    /// nodes share them: flanneld v0.20's leases carry no port).
+    fn port_of(&self, family: IpFamily) -> u16 {
+        match (self.mode, family) {
+            (Mode::Separate, IpFamily::V6) => self.listen_port_v6,
+            _ => self.listen_port,
+        }
+    }
+}
+
+impl Backend for WireGuard {
+    fn name(&self) -> &'static str {
+        "wireguard"
+    }
+
+    /// The private key: made once, reused; unreadable or malformed ends the start, naming it.
+    fn check(&self, _ext: &External, _families: &[IpFamily]) -> Result<(), Refusal> {
+        let (k, made) = key::load_or_create(&self.key_file)?;
+        if made {
+            info!("wireguard: made private key {}", self.key_file.display());
+        }
+        info!("wireguard: public key {}", k.public());
+        let _ = self.shared.key.set(k);
+        Ok(())
+    }
+
+    fn device(
+        &self,
+        family: IpFamily,
+        ext: &External,
+        _announced: Option<&RawValue>,
+    ) -> Option<Arc<dyn Device>> {
+        // One device for both families outside `separate`: the second family's is a shadow of
+        // the first's, which holds and writes the peers.
+        let primary = self.mode == Mode::Separate
+            || family == IpFamily::V4
+            || ext.public(IpFamily::V4).is_none();
+        Some(Arc::new(WgDevice {
+            name: self.device_name(family).to_string(),
+            mtu: device_mtu(ext.mtu),
+            port: self.port_of(family),
+            primary,
+            forced: self.forced,
+            key_file: self.key_file.clone(),
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
+        let Some(dev) = here.dev else { return Ok(()) };
+        let family = IpFamily::of(peer.subnet.ip());
+        let data = peer.data.map(|d| d.get()).unwrap_or("");
+        let announced = parse_backend_data(data).map_err(|why| {
+            let said = format!("{} {why}", peer.key);
+            let mut warned = self.shared.warned.lock().unwrap_or_else(|e| e.into_inner());
+            if warned.insert(said) {
+                warn!(
+                    "wireguard: the node of lease {} (public address {}) is not programmed: {why}",
+                    peer.key, peer.public
+                );
+            }
+            Skip::NoBackendData {
+                what: "WireGuard public key",
+                subnet: peer.subnet,
+            }
+        })?;
+        let port = announced.port.unwrap_or(self.port_of(family));
+        // The whole network of the family: one route through the device, made once.
+        if let Some(net) = self.network(family) {
+            let routes = &mut want.entries.routes;
+            if !routes.iter().any(|r| r.dst == net && r.oif == Some(dev)) {
+                routes.push(Route::new(net, None, Some(dev)));
+            }
+        }
+        // A lease's second family on a one-device mode joins the peer its first made.
+        if let Some(last) = want.entries.peers.last_mut() {
+            if last.device == dev {
+                if let Some(p) = last.peer.as_any().downcast_ref::<WgPeer>() {
+                    if p.public_key == announced.public_key {
+                        let mut merged = p.clone();
+                        merged.allowed_ips.push(peer.subnet);
+                        merged.endpoint = self.joint_endpoint(
+                            here.ext,
+                            p.endpoint,
+                            SocketAddr::new(peer.public, port),
+                        );
+                        last.peer = Arc::new(merged);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        want.device_peer(
+            dev,
+            Arc::new(WgPeer {
+                public_key: announced.public_key,
+                endpoint: SocketAddr::new(peer.public, port),
+                allowed_ips: vec![peer.subnet],
+                psk: self.psk,
+                keepalive: self.keepalive,
+            }),
+        );
+        Ok(())
+    }
+}
+
+impl WireGuard {
+    fn network(&self, family: IpFamily) -> Option<IpNetwork> {
+        match family {
+            IpFamily::V4 => self.networks.0,
+            IpFamily::V6 => self.networks.1,
+        }
+    }
+
+    /// The endpoint of a node with both families on a one-device mode: `first` is its
+    /// IPv4 one, `second` its IPv6 one.
+    fn joint_endpoint(&self, ext: &External, first: SocketAddr, second: SocketAddr) -> SocketAddr {
+        let (v4, v6) = match (first.ip(), second.ip()) {
+            (IpAddr::V4(a), IpAddr::V6(b)) => (a, b),
+            _ => return first,
+        };
+        let ip = match self.mode {
+            Mode::Ipv6 => IpAddr::V6(v6),
+            Mode::Auto => auto_endpoint(Some(v4), Some(v6), ext.public_ip, ext.public_ipv6)
+                .unwrap_or(IpAddr::V4(v4)),
+            _ => IpAddr::V4(v4),
+        };
+        SocketAddr::new(
+            ip,
+            if ip.is_ipv4() {
+                first.port()
+            } else {
+                second.port()
+            },
+        )
+    }
+}
+
+/// One node as a peer of a device: what flanneld writes for it, or what the device holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    pub public_key: Key,
+    pub endpoint: SocketAddr,
+    pub allowed_ips: Vec<IpNetwork>,
+    pub psk: Option<Key>,
+    pub keepalive: u16,
+}
+
+impl WgPeer {
+    /// What a device holds, as a peer; None without an endpoint (nothing flanneld writes).
+    fn held(p: PeerState) -> Option<WgPeer> {
+        Some(WgPeer {
+            public_key: p.public_key,
+            endpoint: p.endpoint?,
+            allowed_ips: p.allowed_ips,
+            psk: p.preshared_key,
+            keepalive: p.persistent_keepalive,
+        })
+    }
+
+    /// The peer's settings in full: a PSK or keepalive held but not wanted is cleared.
+    fn config(&self) -> PeerConfig {
+        let mut c = PeerConfig::new(self.public_key);
+        c.endpoint = Some(self.endpoint);
+        c.preshared_key = Some(self.psk.unwrap_or_default());
+        c.persistent_keepalive = Some(self.keepalive);
+        c.replace_allowed_ips = true;
+        c.allowed_ips = self.allowed_ips.clone();
+        c
+    }
+
+    fn sorted_ips(&self) -> Vec<IpNetwork> {
+        let mut v = self.allowed_ips.clone();
+        v.sort();
+        v
+    }
+}
+
+impl DevicePeer for WgPeer {
+    fn key(&self) -> String {
+        self.public_key.to_base64()
+    }
+
+    fn fits(&self, held: &dyn DevicePeer) -> bool {
+        held.as_any().downcast_ref::<WgPeer>().is_some_and(|h| {
+            h.endpoint == self.endpoint
+                && h.sorted_ips() == self.sorted_ips()
+                && h.psk == self.psk
+                && h.keepalive == self.keepalive
+        })
+    }
+
+    fn show(&self) -> String {
+        let ips: Vec<String> = self.allowed_ips.iter().map(|n| n.to_string()).collect();
+        let mut s = format!(
+            "peer {} endpoint {} allowed-ips {}",
+            self.public_key,
+            self.endpoint,
+            ips.join(",")
+        );
+        if self.psk.is_some() {
+            s.push_str(" psk");
+        }
+        if self.keepalive != 0 {
+            s.push_str(&format!(" keepalive {}", self.keepalive));
+        }
+        s
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A WireGuard device of this node, run by the kernel or by our userspace tunnel.
+#[derive(Debug)]
+pub struct WgDevice {
+    name: String,
+    mtu: u32,
+    port: u16,
+    /// False for the second family's view of a one-device mode's device: it holds and writes
+    /// no peers (the first family's view does).
+    primary: bool,
+    forced: Option<TunnelMode>,
+    key_file: PathBuf,
+    shared: Arc<Shared>,
+}
+
+/// The link kind each tunnel makes.
+fn link_kind(mode: TunnelMode) -> &'static str {
+    match mode {
+        TunnelMode::Kernel => "wireguard",
+        TunnelMode::Userspace => "tun",
+    }
+}
+
+fn mode_of(held: &Link) -> Option<TunnelMode> {
+    match held.kind.as_deref() {
+        Some("wireguard") => Some(TunnelMode::Kernel),
+        Some("tun") => Some(TunnelMode::Userspace),
+        _ => None,
+    }
+}
+
+/// Runs blocking device I/O (a socket round trip, a process start) off the async workers.
+async fn blocking<T: Send + 'static>(
+    op: &'static str,
+    object: String,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> cni_kernel::Result<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(cni_kernel::Error::failed(op, object, e)),
+        Err(e) => Err(cni_kernel::Error::failed(op, object, e)),
+    }
+}
+
+impl WgDevice {
+    fn key(&self) -> cni_kernel::Result<Key> {
+        if let Some(k) = self.shared.key.get() {
+            return Ok(*k);
+        }
+        let (k, _) = key::load_or_create(&self.key_file)
+            .map_err(|e| cni_kernel::Error::invalid("reading the WireGuard key", &self.name, e))?;
+        Ok(*self.shared.key.get_or_init(|| k))
+    }
+
+    /// The tunnel this start runs: the kernel's when it can (or forced), said once.
+    async fn mode(&self, conn: &Conn) -> cni_kernel::Result<TunnelMode> {
+        if let Some(m) = self.shared.tunnel.get() {
+            return Ok(*m);
+        }
+        let support = wireguard::kernel::kernel_support(conn).await;
+        let (mode, why) = choose_mode(self.forced, &support).map_err(|why| {
+            cni_kernel::Error::invalid("choosing the WireGuard tunnel", &self.name, why)
+        })?;
+        if self.shared.tunnel.set(mode).is_ok() {
+            info!("wireguard: {mode} tunnel ({why})");
+        }
+        Ok(mode)
+    }
+
+    fn control(&self, mode: TunnelMode) -> Control {
+        Control::for_mode(mode, &self.name, Path::new(SOCKET_DIR))
+    }
+
+    /// The userspace tunnel's program: beside flanneld, else on PATH.
+    fn tunnel_program() -> PathBuf {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join(TUNNEL_PROGRAM)))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| PathBuf::from(TUNNEL_PROGRAM))
+    }
+
+    /// Private key and port as they must be on the device.
+    async fn configure(&self, mode: TunnelMode) -> cni_kernel::Result<()> {
+        let config = DeviceConfig {
+            private_key: Some(self.key()?),
+            listen_port: Some(self.port),
+            ..DeviceConfig::default()
+        };
+        let control = self.control(mode);
+        blocking(
+            "configuring WireGuard device",
+            self.name.clone(),
+            move || control.set(&config),
+        )
+        .await
+    }
+}
+
+impl Device for WgDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "wireguard"
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    fn differences(&self, held: &Link) -> Vec<String> {
+        let mut d = Vec::new();
+        let kind = held.kind.as_deref().unwrap_or("plain");
+        match self.shared.tunnel.get() {
+            Some(m) if kind != link_kind(*m) => d.push(format!(
+                "kind {kind}, the {m} tunnel makes {}",
+                link_kind(*m)
+            )),
+            None if mode_of(held).is_none() => {
+                d.push(format!("kind {kind}, not a WireGuard device"))
+            }
+            _ => {}
+        }
+        if mode_of(held) == Some(TunnelMode::Userspace)
+            && !self.control(TunnelMode::Userspace).is_alive_blocking()
+        {
+            d.push(format!(
+                "no tunnel process answers on {}/{}.sock",
+                SOCKET_DIR, self.name
+            ));
+        }
+        if held.mtu != Some(self.mtu) {
+            d.push(format!(
+                "mtu {}, want {}",
+                held.mtu.unwrap_or_default(),
+                self.mtu
+            ));
+        }
+        d
+    }
+
+    fn show(&self, held: &Link) -> String {
+        let tunnel = mode_of(held).map_or("no", |m| m.as_str());
+        format!("{} ({tunnel} tunnel, port {})", held.name, self.port)
+    }
+
+    fn make<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, cni_kernel::Result<Link>> {
+        Box::pin(async move {
+            let mode = self.mode(conn).await?;
+            if let Some(held) = conn.link_by_name(&self.name).await? {
+                let alive = mode == TunnelMode::Kernel || self.control(mode).is_alive_blocking();
+                if held.kind.as_deref() != Some(link_kind(mode)) || !alive {
+                    warn!(
+                        "wireguard: replacing {} ({})",
+                        self.name,
+                        self.differences(&held).join(", ")
+                    );
+                    conn.delete_link(held.index).await?;
+                }
+            }
+            match mode {
+                TunnelMode::Kernel => {
+                    conn.create_wireguard(&self.name, Some(self.mtu)).await?;
+                }
+                TunnelMode::Userspace => {
+                    let name = self.name.clone();
+                    let log = self.key_file.with_file_name(format!("{}.log", self.name));
+                    let started = blocking(
+                        "starting the userspace WireGuard tunnel",
+                        name.clone(),
+                        move || {
+                            let program = WgDevice::tunnel_program();
+                            let launcher = Launcher {
+                                program: &program,
+                                args: &[],
+                                log: Some(&log),
+                            };
+                            ensure_running(
+                                &name,
+                                Path::new(SOCKET_DIR),
+                                &launcher,
+                                Duration::from_secs(20),
+                            )
+                            .map(|(_, started)| started)
+                        },
+                    )
+                    .await?;
+                    if started {
+                        info!("wireguard: started the userspace tunnel for {}", self.name);
+                    }
+                }
+            }
+            let link = conn.link_by_name(&self.name).await?.ok_or_else(|| {
+                cni_kernel::Error::failed(
+                    "making WireGuard device",
+                    &self.name,
+                    "it vanished after creation",
+                )
+            })?;
+            if link.mtu != Some(self.mtu) {
+                conn.set_mtu(link.index, self.mtu).await?;
+            }
+            self.configure(mode).await?;
+            info!(
+                "wireguard: device {} made or mended ({mode} tunnel, port {}, mtu {})",
+                self.name, self.port, self.mtu
+            );
+            Ok(link)
+        })
+    }
+
+    /// The device kept when it fits (its peers with it, so pods keep talking across a
+    /// restart), else made; the lease announces this node's public key.
+    fn establish<'a>(
+        &'a self,
+        conn: &'a Conn,
+        _earlier: Option<&'a RawValue>,
+    ) -> BoxFuture<'a, cni_kernel::Result<Option<Box<RawValue>>>> {
+        Box::pin(async move {
+            let key = self.key()?;
+            let mode = self.mode(conn).await?;
+            match conn.link_by_name(&self.name).await? {
+                Some(held) if self.differences(&held).is_empty() => self.configure(mode).await?,
+                _ => {
+                    self.make(conn).await?;
+                }
+            }
+            Ok(RawValue::from_string(backend_data(&key.public())).ok())
+        })
+    }
+
+    fn held_peers<'a>(
+        &'a self,
+        held: &'a Link,
+    ) -> BoxFuture<'a, cni_kernel::Result<Vec<Arc<dyn DevicePeer>>>> {
+        Box::pin(async move {
+            let Some(mode) = mode_of(held).filter(|_| self.primary) else {
+                return Ok(Vec::new());
+            };
+            let control = self.control(mode);
+            let state = blocking("reading WireGuard device", self.name.clone(), move || {
+                control.get()
+            })
+            .await?;
+            // A key or port changed behind flanneld's back is put back as the peers are.
+            let key = self.key()?;
+            if state.private_key != Some(key) || state.listen_port != self.port {
+                warn!(
+                    "wireguard: {} had another private key or port; restoring them",
+                    self.name
+                );
+                self.configure(mode).await?;
+            }
+            Ok(state
+                .peers
+                .into_iter()
+                .filter_map(WgPeer::held)
+                .map(|p| Arc::new(p) as Arc<dyn DevicePeer>)
+                .collect())
+        })
+    }
+
+    fn write_peers<'a>(
+        &'a self,
+        held: &'a Link,
+        put: &'a [&'a dyn DevicePeer],
+        remove: &'a [&'a dyn DevicePeer],
+    ) -> BoxFuture<'a, Vec<cni_kernel::Error>> {
+        Box::pin(async move {
+            let Some(mode) = mode_of(held).filter(|_| self.primary) else {
+                return Vec::new();
+            };
+            let mut peers: Vec<PeerConfig> = remove
+                .iter()
+                .filter_map(|p| Key::from_base64(&p.key()).ok())
+                .map(|k| PeerConfig {
+                    remove: true,
+                    ..PeerConfig::new(k)
+                })
+                .collect();
+            peers.extend(
+                put.iter()
+                    .filter_map(|p| p.as_any().downcast_ref::<WgPeer>())
+                    .map(WgPeer::config),
+            );
+            let config = DeviceConfig {
+                peers,
+                ..DeviceConfig::default()
+            };
+            let control = self.control(mode);
+            match blocking("writing WireGuard peers", self.name.clone(), move || {
+                control.set(&config)
+            })
+            .await
+            {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![e],
+            }
+        })
+    }
+}
+
+trait Alive {
+    fn is_alive_blocking(&self) -> bool;
+}
+
+impl Alive for Control {
+    /// Whether the device answers (a userspace tunnel's socket; the kernel always does).
+    fn is_alive_blocking(&self) -> bool {
+        match self {
+            Control::Kernel { .. } => true,
+            Control::Userspace(c) => c.is_alive(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+    use crate::entries::{NexthopIds, RouteStyle};
+
+    fn wg(text: &str) -> Result<WireGuard, ConfigError> {
+        WireGuard::from_config(&config::parse(text).unwrap())
+    }
+
+    const NET: &str = r#""Network":"10.5.0.0/16","IPv6Network":"fd10::/48","EnableIPv6":true"#;
+
+    fn with(backend: &str) -> WireGuard {
+        wg(&format!(
+            r#"{{{NET},"Backend":{{"Type":"wireguard"{backend}}}}}"#
+        ))
+        .unwrap()
+    }
+
+    const KEY_A: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+
+    fn data(key: &str) -> Box<RawValue> {
+        RawValue::from_string(format!(r#"{{"PublicKey":"{key}"}}"#)).unwrap()
+    }
+
+    fn peer<'a>(subnet: &str, public: &str, data: Option<&'a RawValue>) -> Peer<'a> {
+        let key = if subnet.contains(':') {
+            "10.5.2.0-24"
+        } else {
+            &subnet.replace('/', "-")
+        };
+        Peer {
+            key: crate::lease::SubnetKey::parse(key).unwrap(),
+            subnet: subnet.parse().unwrap(),
+            public: public.parse().unwrap(),
+            data,
+        }
+    }
+
+    fn want() -> Want {
+        Want::new(RouteStyle::Plain, NexthopIds::default(), 2, true)
+    }
+
+    fn peers(w: &Want) -> Vec<(u32, WgPeer)> {
+        w.entries
+            .peers
+            .iter()
+            .map(|e| {
+                (
+                    e.device,
+                    e.peer.as_any().downcast_ref::<WgPeer>().unwrap().clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn defaults_and_keys() {
+        let d = with("");
+        assert_eq!(
+            (d.listen_port, d.listen_port_v6, d.keepalive),
+            (51820, 51821, 0)
+        );
+        assert_eq!((d.mode, d.forced, d.psk), (Mode::Separate, None, None));
+        let psk = "K5a7JJe7Bku4QhsJm6D2lkgqJCKNcL1NwmVrBbfJQKk=";
+        let k = with(&format!(
+            r#","ListenPort":5000,"listenportv6":5001,"PSK":"{psk}","PersistentKeepaliveInterval":25,"Mode":"auto","Tunnel":"userspace""#
+        ));
+        assert_eq!(
+            (k.listen_port, k.listen_port_v6, k.keepalive),
+            (5000, 5001, 25)
+        );
+        assert_eq!(
+            (k.mode, k.forced),
+            (Mode::Auto, Some(TunnelMode::Userspace))
+        );
+        assert_eq!(k.psk, Some(Key::from_base64(psk).unwrap()));
+    }
+
+    #[test]
+    fn refusals_name_the_key_and_never_show_the_psk() {
+        for (backend, key) in [
+            (r#","PSK":"c2VjcmV0""#, "Backend.PSK"),
+            (r#","PSK":7"#, "Backend.PSK"),
+            (r#","ListenPort":0"#, "Backend.ListenPort"),
+            (r#","ListenPortV6":70000"#, "Backend.ListenPortV6"),
+            (
+                r#","PersistentKeepaliveInterval":-1"#,
+                "Backend.PersistentKeepaliveInterval",
+            ),
+            (r#","Mode":"both""#, "Backend.Mode"),
+            (r#","Tunnel":"boringtun""#, "Backend.Tunnel"),
+        ] {
+            let text = format!(r#"{{{NET},"Backend":{{"Type":"wireguard"{backend}}}}}"#);
+            let e = wg(&text).unwrap_err();
+            assert_eq!(e.key, key, "{backend}");
+            assert!(!e.to_string().contains("c2VjcmV0"), "{e}");
+        }
+    }
+
+    #[test]
+    fn devices_by_mode_with_the_mtu_less_80() {
+        let ext = External::example();
+        let sep = with("");
+        let v4 = sep.device(IpFamily::V4, &ext, None).unwrap();
+        let v6 = sep.device(IpFamily::V6, &ext, None).unwrap();
+        assert_eq!(
+            (v4.name(), v4.mtu(), v4.kind()),
+            ("flannel-wg", 1420, "wireguard")
+        );
+        assert_eq!((v6.name(), v6.mtu()), ("flannel-wg-v6", 1420));
+        let auto = with(r#","Mode":"auto""#);
+        assert_eq!(
+            auto.device(IpFamily::V6, &ext, None).unwrap().name(),
+            "flannel-wg"
+        );
+    }
+
+    #[test]
+    fn a_peer_per_node_and_one_route_for_the_network_through_the_device() {
+        let (b, ext) = (
+            with(r#","PersistentKeepaliveInterval":5"#),
+            External::example(),
+        );
+        let here = Here {
+            ext: &ext,
+            dev: Some(10),
+        };
+        let mut w = want();
+        let (a, c) = (data(KEY_A), data(&Key([7; 32]).to_base64()));
+        b.peer(&here, &peer("10.5.2.0/24", "192.168.0.2", Some(&a)), &mut w)
+            .unwrap();
+        b.peer(&here, &peer("10.5.3.0/24", "192.168.0.3", Some(&c)), &mut w)
+            .unwrap();
+        assert_eq!(
+            w.entries.routes,
+            [Route::new("10.5.0.0/16".parse().unwrap(), None, Some(10))]
+        );
+        let got = peers(&w);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].0, 10);
+        assert_eq!(
+            got[0].1,
+            WgPeer {
+                public_key: Key::from_base64(KEY_A).unwrap(),
+                endpoint: "192.168.0.2:51820".parse().unwrap(),
+                allowed_ips: vec!["10.5.2.0/24".parse().unwrap()],
+                psk: None,
+                keepalive: 5,
+            }
+        );
+        assert_eq!(
+            got[0].1.show(),
+            format!("peer {KEY_A} endpoint 192.168.0.2:51820 allowed-ips 10.5.2.0/24 keepalive 5")
+        );
+        // The IPv6 device's peers are reached on ListenPortV6.
+        let here6 = Here {
+            ext: &ext,
+            dev: Some(11),
+        };
+        b.peer(&here6, &peer("fd10:0:2::/64", "fd00::2", Some(&a)), &mut w)
+            .unwrap();
+        let got = peers(&w);
+        assert_eq!(
+            (got[2].0, got[2].1.endpoint),
+            (11, "[fd00::2]:51821".parse().unwrap())
+        );
+        assert_eq!(
+            w.entries.routes[1],
+            Route::new("fd10::/48".parse().unwrap(), None, Some(11))
+        );
+    }
+
+    #[test]
+    fn a_lease_without_a_usable_key_gives_nothing() {
+        let (b, ext) = (with(""), External::example());
+        let here = Here {
+            ext: &ext,
+            dev: Some(10),
+        };
+        let short = data("AAAA");
+        for d in [None, Some(&*short)] {
+            let mut w = want();
+            let why = b
+                .peer(&here, &peer("10.5.2.0/24", "192.168.0.2", d), &mut w)
+                .unwrap_err();
+            assert!(why.to_string().contains("WireGuard public key"), "{why}");
+            assert!(w.entries.peers.is_empty() && w.entries.routes.is_empty());
+        }
+        // A port announced by a newer flanneld is used.
+        let newer =
+            RawValue::from_string(format!(r#"{{"PublicKey":"{KEY_A}","Port":51999}}"#)).unwrap();
+        let mut w = want();
+        b.peer(
+            &here,
+            &peer("10.5.2.0/24", "192.168.0.2", Some(&newer)),
+            &mut w,
+        )
+        .unwrap();
+        assert_eq!(peers(&w)[0].1.endpoint.port(), 51999);
+    }
+
+    #[test]
+    fn one_device_modes_join_a_node_s_families_in_one_peer() {
+        let ext = External::example();
+        let a = data(KEY_A);
+        for (mode, endpoint) in [
+            ("ipv4", "192.168.0.2:51820"),
+            ("ipv6", "[fd00::2]:51820"),
+            ("auto", "192.168.0.2:51820"),
+        ] {
+            let b = with(&format!(r#","Mode":"{mode}""#));
+            let here = Here {
+                ext: &ext,
+                dev: Some(10),
+            };
+            let mut w = want();
+            b.peer(&here, &peer("10.5.2.0/24", "192.168.0.2", Some(&a)), &mut w)
+                .unwrap();
+            b.peer(&here, &peer("fd10:0:2::/64", "fd00::2", Some(&a)), &mut w)
+                .unwrap();
+            let got = peers(&w);
+            assert_eq!(got.len(), 1, "{mode}");
+            assert_eq!(got[0].1.endpoint, endpoint.parse().unwrap(), "{mode}");
+            assert_eq!(got[0].1.allowed_ips.len(), 2, "{mode}");
+            assert_eq!(
+                w.entries.routes.len(),
+                2,
+                "{mode}: a route per family's network"
+            );
+        }
+    }
+
+    #[test]
+    fn a_held_peer_fits_whatever_the_order_of_its_allowed_ips() {
+        let want = WgPeer {
+            public_key: Key([1; 32]),
+            endpoint: "192.168.0.2:51820".parse().unwrap(),
+            allowed_ips: vec![
+                "10.5.2.0/24".parse().unwrap(),
+                "fd10:0:2::/64".parse().unwrap(),
+            ],
+            psk: None,
+            keepalive: 0,
+        };
+        let mut held = want.clone();
+        held.allowed_ips.reverse();
+        assert!(want.fits(&held));
+        held.endpoint = "192.168.0.9:51820".parse().unwrap();
+        assert!(!want.fits(&held));
+        let with_psk = WgPeer {
+            psk: Some(Key([2; 32])),
+            ..want.clone()
+        };
+        assert!(!want.fits(&with_psk));
+        // What is written clears a PSK and keepalive that are not wanted.
+        let c = want.config();
+        assert_eq!(
+            (c.preshared_key, c.persistent_keepalive),
+            (Some(Key::default()), Some(0))
+        );
+        assert!(c.replace_allowed_ips);
+    }
+}
