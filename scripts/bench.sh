@@ -14,7 +14,8 @@ cd "$(dirname "$0")/.."
 # The same static release build scripts/install.sh makes, so the figures are those of an install.
 host_triple=$(rustc -vV | sed -n 's/^host: //p')
 export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
-cargo build --release --locked --quiet --target "$host_triple"
+cargo build --release --locked --quiet --target "$host_triple" \
+    --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld
 for p in "${@:-host-local bridge flannel portmap flanneld}"; do
     for q in $p; do
         printf '\n== %s\n' "$q"

@@ -179,23 +179,23 @@ case "$build" in
 esac
 show cat "$prefix/net.d/10-flannel.conflist"
 if [ "$use_kube" = 1 ]; then
-    # The API server stand-in of the tests (testkit). The builds above made it beside the
-    # plugins: install.sh's release build covers the whole workspace (static, in the host
-    # triple's directory), the debug one every binary. --no-build builds it when it is missing.
+    # The API server stand-in of the tests (testkit): with the debug build, made by it; else
+    # built as install.sh builds the release binaries (static, in the host triple's directory),
+    # which --no-build does only when it finds none there or in target/release.
     target_dir=${CARGO_TARGET_DIR:-$top/target}
     host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
-    standin=$target_dir/debug/kube-apiserver-standin
-    if [ "$build" != debug ]; then
-        standin=$target_dir/${host_triple:+$host_triple/}release/kube-apiserver-standin
-        [ -x "$standin" ] || [ ! -x "$target_dir/release/kube-apiserver-standin" ] ||
-            standin=$target_dir/release/kube-apiserver-standin
-    fi
-    if [ ! -x "$standin" ]; then
+    standin=$target_dir/${host_triple:+$host_triple/}release/kube-apiserver-standin
+    case "$build" in
+        debug) standin=$target_dir/debug/kube-apiserver-standin ;;
+        none) [ -x "$standin" ] || [ ! -x "$target_dir/release/kube-apiserver-standin" ] ||
+            standin=$target_dir/release/kube-apiserver-standin ;;
+    esac
+    if [ "$build" = release ] || [ ! -x "$standin" ]; then
         command -v cargo >/dev/null ||
             fail "missing $standin, and no cargo to build it: run without --no-build where cargo is"
-        echo "    $standin is missing: building it (as install.sh builds the release binaries)"
+        [ "$build" = release ] || echo "    $standin is missing: building it"
         (cd "$top" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-            cargo build --release --locked --quiet --target "$host_triple" -p testkit --bin kube-apiserver-standin)
+            cargo build --release --locked --quiet --target "$host_triple" --bin kube-apiserver-standin)
         standin=$target_dir/$host_triple/release/kube-apiserver-standin
     fi
     install -m 0755 "$standin" "$prefix/bin/"

@@ -67,9 +67,13 @@ host_triple=""
 if command -v rustc >/dev/null; then
     host_triple=$(rustc -vV | sed -n 's/^host: //p')
 fi
+# Only the binaries installed here: the rest of the workspace (test support, the end-to-end
+# harness) costs release builds minutes and is not installed.
 if [ "$build" = 1 ]; then
+    bins=()
+    for b in "${plugins[@]}" "${daemons[@]}"; do bins+=(--bin "$b"); done
     (cd "$top" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-        cargo build --release --locked --quiet --target "$host_triple")
+        cargo build --release --locked --quiet --target "$host_triple" "${bins[@]}")
 fi
 target=$target_dir/release
 if [ -n "$host_triple" ] && [ -x "$target_dir/$host_triple/release/${plugins[0]}" ]; then
