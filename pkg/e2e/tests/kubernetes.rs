@@ -574,3 +574,70 @@ fn the_init_step_changes_nothing_when_a_plugin_is_missing() {
         "the host was written before the check"
     );
 }
+
+/// The last stage of a Dockerfile under deploy/.
+fn last_stage(file: &str) -> String {
+    let text = fs::read_to_string(repo_root().join("deploy").join(file)).unwrap();
+    text.rsplit("\nFROM ").next().unwrap().to_string()
+}
+
+#[test]
+fn the_image_from_prebuilt_binaries_is_the_image_the_dockerfile_compiles() {
+    let compiled = last_stage("Dockerfile");
+    let prebuilt = last_stage("Dockerfile.prebuilt");
+    let dests = |stage: &str| -> Vec<String> {
+        stage
+            .lines()
+            .filter(|l| l.starts_with("COPY "))
+            .filter_map(|l| l.split_whitespace().last())
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(
+        dests(&prebuilt),
+        dests(&compiled),
+        "the same files, the same places"
+    );
+    let from_label = |stage: &str| stage[stage.find("\nLABEL ").unwrap()..].to_string();
+    assert_eq!(
+        from_label(&prebuilt),
+        from_label(&compiled),
+        "the same labels and entry point"
+    );
+    let base = |file: &str| {
+        fs::read_to_string(repo_root().join("deploy").join(file))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("ARG BASE="))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        base("Dockerfile.prebuilt"),
+        base("Dockerfile"),
+        "the same base"
+    );
+
+    // What the compiling build installs on its base, scripts/image.sh's base already holds.
+    let installed: Vec<&str> = compiled
+        .split("--no-install-recommends")
+        .nth(1)
+        .expect("an apt-get install in the last stage")
+        .split("&&")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .filter(|w| *w != "\\")
+        .collect();
+    assert!(installed.contains(&"nftables"), "nft, for EnableNFTables");
+    let script = fs::read_to_string(repo_root().join("scripts/image.sh")).unwrap();
+    let included: Vec<&str> = script
+        .split("--include=")
+        .nth(1)
+        .expect("mmdebstrap --include= in scripts/image.sh")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .split(',')
+        .collect();
+    assert_eq!(included, installed, "scripts/image.sh's base packages");
+}

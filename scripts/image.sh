@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Builds the container image deploy/kubernetes/*.yml run, with podman, where no container
+# registry is reachable: its base is a Debian root filesystem made by mmdebstrap (the release of
+# deploy/Dockerfile's base, holding iptables and nftables and nothing to build with), and the
+# image adds the static release binaries and deploy/cni-install.sh through
+# deploy/Dockerfile.prebuilt, as kube-flannel's image takes binaries built beforehand.
+# Tags: flannel-cni-rs:<version> (podman's localhost/flannel-cni-rs:<version>, the manifests'
+# image) and flannel-cni-rs:<version>-<commit>, the commit's first 12 hex digits with -dirty
+# after them when `git diff --quiet HEAD` finds tracked files changed, the rule flanneld
+# --version follows; the same string is the image's org.opencontainers.image.revision label.
+# Prints the image's size, and its name as the last line.
+set -euo pipefail
+
+usage() {
+    cat <<USAGE
+usage: $0 [--no-build] [--rebuild-base]
+  --no-build      take the release binaries target/ already holds (CARGO_TARGET_DIR if set)
+  --rebuild-base  make the base again even if podman already has it
+USAGE
+}
+
+build=1
+rebuild_base=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-build) build=0; shift ;;
+        --rebuild-base) rebuild_base=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[ "$(id -u)" = 0 ] || { echo "mmdebstrap and podman's image store need root: run as root" >&2; exit 1; }
+
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+for tool in mmdebstrap podman; do
+    command -v "$tool" >/dev/null || { echo "$tool is missing: apt-get install $tool" >&2; exit 1; }
+done
+
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)
+[ -n "$version" ] || { echo "no version in Cargo.toml's [workspace.package]" >&2; exit 1; }
+commit=$(git rev-parse HEAD 2>/dev/null) || { echo "$top is not a git checkout: the tag names its commit" >&2; exit 1; }
+revision=${commit:0:12}
+git diff --quiet HEAD || revision=$revision-dirty
+# The Debian release of deploy/Dockerfile's base (debian:bookworm-slim): the same for both builds.
+release=$(sed -n 's/^ARG BASE=debian:\([a-z]*\).*/\1/p' deploy/Dockerfile.prebuilt)
+[ -n "$release" ] || { echo "deploy/Dockerfile.prebuilt names no Debian release in ARG BASE" >&2; exit 1; }
+base=localhost/flannel-cni-rs-base:$release
+name=localhost/flannel-cni-rs
+
+work=$(mktemp -d /tmp/flannel-cni-rs-image.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# apt sources for $release on the mirrors this machine's apt uses (the host may run another
+# release): its plain, -updates and -security suites. None found: mmdebstrap's default mirror.
+release_sources() {
+    apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |
+        sed -n -E "s#^([^ ]+) [a-z]+(-updates|-security)?\$#deb \\1 $release\\2 main#p" | sort -u
+}
+
+# An image of ours that a new build took the tags from is removed, not left dangling.
+image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+drop_if_untagged() {
+    [ -n "$1" ] && [ "$(podman image inspect --format '{{len .RepoTags}}' "$1" 2>/dev/null)" = 0 ] &&
+        podman rmi "$1" >/dev/null 2>&1 || true
+}
+old_base=$(image_id "$base")
+old_image=$(image_id "$name:$version")
+
+if [ "$rebuild_base" = 1 ] || [ -z "$old_base" ]; then
+    echo "base $base: mmdebstrap $release with iptables and nftables"
+    sources=()
+    while read -r line; do sources+=("$line"); done < <(release_sources)
+    # As Debian's slim images: /usr merged without the usrmerge package (and the perl it
+    # brings); no documentation, manuals or translations, copyrights kept.
+    hooks=()
+    [ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+    mmdebstrap --variant=minbase --include=iptables,nftables --quiet "${hooks[@]}" \
+        --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        "$release" "$work/base.tar" "${sources[@]}" >"$work/mmdebstrap.log" 2>&1 ||
+        { cat "$work/mmdebstrap.log" >&2; echo "mmdebstrap failed" >&2; exit 1; }
+    podman import --quiet \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' \
+        --message "Debian $release (mmdebstrap minbase) with iptables and nftables" \
+        "$work/base.tar" "$base" >/dev/null
+    rm -f "$work/base.tar"
+else
+    echo "base $base: already made (--rebuild-base makes it again)"
+fi
+
+# The binaries as scripts/install.sh builds them (static, in the host triple's directory), so
+# that the demo's build and this one share their work.
+host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
+target=${CARGO_TARGET_DIR:-$top/target}/$host_triple/release
+if [ "$build" = 1 ]; then
+    [ -n "$host_triple" ] || { echo "no rustc to build with: install a Rust toolchain or give --no-build" >&2; exit 1; }
+    echo "building the static release binaries into $target"
+    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+        cargo build --release --locked --quiet --target "$host_triple" \
+        --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld
+fi
+mkdir -p "$work/context/cni"
+for p in flannel bridge host-local portmap loopback; do
+    [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
+    cp "$target/$p" "$work/context/cni/"
+done
+[ -x "$target/flanneld" ] || { echo "missing $target/flanneld: build first or drop --no-build" >&2; exit 1; }
+cp "$target/flanneld" "$work/context/"
+cp deploy/cni-install.sh "$work/context/"
+
+# --no-cache: a cached layer would keep the labels of the build it came from.
+podman build --quiet --pull=never --no-cache -f deploy/Dockerfile.prebuilt \
+    --build-arg BASE="$base" --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+    -t "$name:$version" -t "$name:$version-$revision" "$work/context" >/dev/null
+
+drop_if_untagged "$old_image"
+drop_if_untagged "$old_base"
+
+size=$(podman image inspect --format '{{.Size}}' "$name:$version-$revision")
+base_size=$(podman image inspect --format '{{.Size}}' "$base")
+printf 'image %s:%s, also %s:%s (flannel-cni-rs:%s to the manifests)\n' \
+    "$name" "$version-$revision" "$name" "$version" "$version"
+printf 'size %s MB: base %s MB, binaries and cni-install.sh %s MB\n' \
+    "$((size / 1000000))" "$((base_size / 1000000))" "$(((size - base_size) / 1000000))"
+echo "$name:$version-$revision"
