@@ -30,7 +30,9 @@ fn regex(s: &str) -> Result<regex::Regex, String> {
                   the same flags, without a daemon, and reports every missing, extra or wrong \
                   entry; --fix then writes them once and looks again. Exit status 0 when all is \
                   (or, with --fix, has been made) right, 1 otherwise.",
-    disable_version_flag = true
+    disable_version_flag = true,
+    // Go's flag package: a flag given twice takes the last value (-iface and -iface-regex add).
+    args_override_self = true
 )]
 pub struct Flags {
     /// etcd v3 endpoints, comma separated. Without them and without --registry-dir, flanneld's
@@ -591,6 +593,30 @@ mod tests {
         assert_eq!(f.registry_dir, None);
         assert!(f.nexthops);
         assert!(!parse(&["-nexthops=false"]).unwrap().nexthops);
+    }
+
+    #[test]
+    fn a_flag_given_twice_takes_the_last_value_and_iface_adds_as_in_go() {
+        let f = parse(&[
+            "--net-config-path=/a",
+            "--net-config-path",
+            "/b",
+            "-v=1",
+            "-v=3",
+            "--ip-masq",
+            "--ip-masq=false",
+            "--iface=eth0",
+            "--iface",
+            "eth1",
+            "--iface-regex=^en",
+            "--iface-regex=^wl",
+        ])
+        .unwrap();
+        assert_eq!(f.net_config_path, PathBuf::from("/b"));
+        assert_eq!(f.klog.verbosity, 3);
+        assert!(!f.ip_masq);
+        assert_eq!(f.iface, ["eth0", "eth1"]);
+        assert_eq!(f.iface_regex.len(), 2);
     }
 
     #[test]
