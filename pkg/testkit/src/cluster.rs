@@ -266,6 +266,8 @@ pub struct Node {
     kube_in_cluster: bool,
     /// flanneld's `--iface` (`eth0`); None: it finds the interface itself (`set_flanneld_iface`).
     iface: Option<String>,
+    /// The node's own CNI bin directory, instead of the cluster's (`set_node_plugins`).
+    plugins: Option<PathBuf>,
 }
 
 impl Node {
@@ -945,6 +947,7 @@ impl Cluster {
             daemon_wrapper: Vec::new(),
             kube_in_cluster: false,
             iface: Some("eth0".into()),
+            plugins: None,
         });
         if self.kube.is_some() {
             self.create_kube_node(index, true);
@@ -1251,27 +1254,20 @@ impl Cluster {
     pub fn add_pod(&mut self, index: u8) -> usize {
         let node = self.node(index);
         let ns = TestNs::new(&format!("{}p{index}", self.prefix));
+        let plugins = self.node_plugins(index);
         for p in ["flannel", "bridge", "host-local", "portmap"] {
             assert!(
-                self.plugins.join(p).exists(),
+                plugins.join(p).exists(),
                 "no {p} in {}: build the plugins first (cargo build --workspace --bins)",
-                self.plugins.display()
+                plugins.display()
             );
         }
-        let mut list = self.conflist.clone();
-        for plugin in list["plugins"].as_array_mut().into_iter().flatten() {
-            if plugin["type"] == "flannel" {
-                plugin["subnetFile"] = node.subnet_file().display().to_string().into();
-                plugin["dataDir"] = node.dir.join("flannel").display().to_string().into();
-                plugin["ipam"] =
-                    serde_json::json!({"dataDir": node.dir.join("networks").display().to_string()});
-            }
-        }
+        let list = self.node_conflist(index);
         let container_id = crate::unique_name("c");
-        let base = Invocation::at(self.plugins.join("flannel"), "ADD")
+        let base = Invocation::at(plugins.join("flannel"), "ADD")
             .container_id(&container_id)
             .netns(&ns.path_str())
-            .path(&self.plugins.display().to_string());
+            .path(&plugins.display().to_string());
         let result =
             conflist::add(&list, &base, Some(&node.ns), &Map::new()).unwrap_or_else(|out| {
                 panic!(
@@ -1301,6 +1297,53 @@ impl Cluster {
             servers: Vec::new(),
         });
         self.pods.len() - 1
+    }
+
+    /// Node `index`'s CNI bin directory from now on, for its pods' ADD and DEL: `dir`, where
+    /// the cluster's plugins (the workspace's build, or `plugins_from`) were until then.
+    pub fn set_node_plugins(&mut self, index: u8, dir: &Path) {
+        self.node_mut(index).plugins = Some(dir.to_path_buf());
+    }
+
+    /// The CNI bin directory node `index`'s pods are added and deleted with.
+    pub fn node_plugins(&self, index: u8) -> PathBuf {
+        self.node(index)
+            .plugins
+            .clone()
+            .unwrap_or_else(|| self.plugins.clone())
+    }
+
+    /// The conflist as node `index`'s runtime runs it: its subnet.env and data directories.
+    fn node_conflist(&self, index: u8) -> Value {
+        let node = self.node(index);
+        let mut list = self.conflist.clone();
+        for plugin in list["plugins"].as_array_mut().into_iter().flatten() {
+            if plugin["type"] == "flannel" {
+                plugin["subnetFile"] = node.subnet_file().display().to_string().into();
+                plugin["dataDir"] = node.dir.join("flannel").display().to_string().into();
+                plugin["ipam"] =
+                    serde_json::json!({"dataDir": node.dir.join("networks").display().to_string()});
+            }
+        }
+        list
+    }
+
+    /// The conflist's DEL for pod `i` with its node's plugins now, as the runtime runs it when
+    /// the pod goes; the pod stays listed (its namespace is removed with the cluster).
+    pub fn del_pod(&self, i: usize) -> Result<(), crate::PluginOutput> {
+        let pod = &self.pods[i];
+        let plugins = self.node_plugins(pod.node);
+        let base = Invocation::at(plugins.join("flannel"), "DEL")
+            .container_id(&pod.container_id)
+            .netns(&pod.ns.path_str())
+            .path(&plugins.display().to_string());
+        conflist::del(
+            &self.node_conflist(pod.node),
+            &base,
+            Some(&self.node(pod.node).ns),
+            &Map::new(),
+            Some(&pod.result),
+        )
     }
 
     /// Every ordered pair of pods (from, to) where one ping gets no answer within `wait_s`.

@@ -457,6 +457,9 @@ pub enum Need<'a> {
     /// What no install provides (a kernel built without an option): a skip everywhere, CI
     /// included, always listed in `scripts/test.sh`'s summary.
     Kernel(&'a str),
+    /// What lives outside the repository and no install provides (Go's reference flanneld
+    /// binary beside the checkout): a skip everywhere, CI included, listed as `Kernel` is.
+    Outside(&'a str),
 }
 
 /// Whether the calling test can run on this machine, given whether the machine has what it
@@ -496,7 +499,7 @@ fn decide_skip(
                  fails instead of passing unchecked"
             ))
         }
-        Need::Installed(what) | Need::Kernel(what) => what,
+        Need::Installed(what) | Need::Kernel(what) | Need::Outside(what) => what,
     };
     let line = format!("{test}: needs {what}");
     eprintln!("SKIPPED {line}");
@@ -562,5 +565,21 @@ mod tests {
         );
         // Without a log (a plain cargo nextest run) it still says so on stderr and skips.
         assert_eq!(decide_skip(false, PACKAGE, "t", false, None), Ok(false));
+    }
+
+    #[test]
+    fn what_lives_outside_the_repository_is_a_skip_in_ci_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("skipped");
+        let go = Need::Outside("Go's flanneld at ../shared/reference/flanneld-v0.20.2");
+        assert_eq!(
+            decide_skip(false, go, "runbook", true, Some(&log)),
+            Ok(false)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "runbook: needs Go's flanneld at ../shared/reference/flanneld-v0.20.2\n"
+        );
+        assert_eq!(decide_skip(true, go, "runbook", true, Some(&log)), Ok(true));
     }
 }
