@@ -5,7 +5,7 @@
 #![no_main]
 
 use flanneld::config;
-use flanneld::daemon::previous_key_in;
+use flanneld::bringup::previous_key_in;
 use flanneld::masq;
 use flanneld::spec::subnet_env;
 use libfuzzer_sys::fuzz_target;

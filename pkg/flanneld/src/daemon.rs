@@ -2,27 +2,16 @@
 //! renewed), what the node should be (`NodeSpec`), subnet.env, and the other nodes' leases
 //! followed through watches and resyncs into the reconciler of the node's kernel state.
 
-use crate::alloc::Node;
-use crate::backend;
-use crate::config::{self, ConfigError, NetConfig};
-use crate::entries::RouteStyle;
+use crate::bringup::{prepare, Level, Note, Purpose};
 use crate::error::{LeaseLost, StartError};
-use crate::family::IpFamily;
 use crate::iface::Interfaces;
-use crate::lease::{Lease, LeaseAttrs, SubnetKey};
-use crate::masq;
+use crate::lease::SubnetKey;
 use crate::metrics::{self, METRICS};
-use crate::planes::firewall::FirewallPlane;
-use crate::planes::netlink::{self as netlink_plane, NetlinkPlane};
-use crate::reconcile::{Plane, Reconciler};
-use crate::registry::{list_until_ok, Change, LeaseRequest, Registry, WatchEnd};
+use crate::reconcile::Reconciler;
+use crate::registry::{list_until_ok, Change, Registry, WatchEnd};
 use crate::settings::Settings;
-use crate::spec::{external, Firewall, NodeSpec};
 use crate::view::{LeaseView, Outcome};
-use cni_kernel::firewall::Installed;
-use cni_kernel::netlink::Conn;
-use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
@@ -57,58 +46,6 @@ fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// The subnet(s) of an earlier subnet.env, if it is readable.
-pub fn previous_key(path: &std::path::Path) -> Option<SubnetKey> {
-    previous_key_in(&std::fs::read_to_string(path).ok()?)
-}
-
-/// The subnet(s) an earlier subnet.env's text names, if any.
-pub fn previous_key_in(text: &str) -> Option<SubnetKey> {
-    let entries = subnetenv::parse_entries(text).ok()?;
-    let ipv4 = match entries.subnet {
-        Some(IpNetwork::V4(n)) => Ipv4Network::new(n.network(), n.prefix()).ok(),
-        _ => None,
-    };
-    let ipv6 = match entries.ipv6_subnet {
-        Some(IpNetwork::V6(n)) => Ipv6Network::new(n.network(), n.prefix()).ok(),
-        _ => None,
-    };
-    (ipv4.is_some() || ipv6.is_some()).then_some(SubnetKey { ipv4, ipv6 })
-}
-
-async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, ConfigError> {
-    // Each trouble is logged when it starts, not at every retry.
-    let mut trouble = crate::registry::cause::Retrying::default();
-    let mut note = |_missing: bool, what: String| {
-        if trouble.failed(&what) {
-            warn!("{what}; retrying every second");
-        }
-    };
-    loop {
-        match reg.config().await {
-            Ok(Some(bytes)) => {
-                let text = String::from_utf8_lossy(&bytes);
-                return config::parse(&text).map_err(|mut e| {
-                    e.reason = format!("{} (in {})", e.reason, reg.config_location());
-                    e
-                });
-            }
-            Ok(None) => note(
-                true,
-                format!("no network config yet at {}", reg.config_location()),
-            ),
-            Err(e) => note(
-                false,
-                format!(
-                    "reading the network config at {}: {e}",
-                    reg.config_location()
-                ),
-            ),
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
 }
 
 fn log_bad(outcome: &Outcome, where_: &str) {
@@ -266,12 +203,13 @@ async fn deliver(
     })
 }
 
-/// What a host without `br_netfilter` means, for the warning at start (Go's flanneld stops
-/// there: flannel-io/flannel#2068).
-const BR_NETFILTER_ABSENT: &str = "/proc/sys/net/bridge is absent (br_netfilter is not loaded): \
-flanneld does not need it, and pods still reach each other and the outside; but traffic \
-between pods on one node's bridge then bypasses iptables, so kube-proxy's Services and \
-network policies may not see it (modprobe br_netfilter where they are used)";
+/// A step of the start, as its log line.
+fn log_note(n: Note) {
+    match n.level {
+        Level::Fine => info!("{}", n.text),
+        Level::Notice | Level::Wrong => warn!("{}", n.text),
+    }
+}
 
 /// Runs until stopped or the lease is lost.
 pub async fn run<R: Registry>(
@@ -292,128 +230,22 @@ async fn serve<R: Registry>(
     ifaces: Interfaces,
     ready: Arc<AtomicBool>,
 ) -> Result<Exit, StartError> {
-    let cfg = wait_for_config(reg.as_ref()).await?;
-    info!(
-        "network config: {}{}backend {}",
-        cfg.ipv4
-            .map(|f| format!("{} /{} subnets, ", f.network, f.subnet_len))
-            .unwrap_or_default(),
-        cfg.ipv6
-            .map(|f| format!("{} /{} subnets, ", f.network, f.subnet_len))
-            .unwrap_or_default(),
-        cfg.backend_type
-    );
-    let ext = external(settings, &cfg, &ifaces)?;
-    info!(
-        "external interface {} (mtu {}), public address {}",
-        ext.name,
-        ext.mtu,
-        IpFamily::BOTH
-            .into_iter()
-            .filter_map(|f| ext.public(f).map(|a| a.to_string()))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let fw = Firewall::choose(settings, &cfg, Installed::here())?;
-    match (&fw.backend, &fw.note) {
-        (Some(_), Some(note)) => info!("{note}"),
-        (None, Some(note)) => warn!("{note}"),
-        _ => {}
-    }
-    if cni_kernel::sysctl::bridge_nf_call_iptables().is_none() {
-        warn!("{BR_NETFILTER_ABSENT}");
-    }
-    let backend = backend::select(&cfg)?;
-    let families = cfg.families();
-    backend
-        .check(&ext, &families)
-        .map_err(StartError::Backend)?;
-    let node = Node {
-        public_ip: ext.public_ip,
-        public_ipv6: ext.public_ipv6,
-    };
-    // This node's lease from before, for what its devices announced.
-    let earlier = reg.earlier_lease(&cfg, &node).await;
-    let conn = Conn::open()?;
-    let style = if backend.programs() {
-        let (style, why) = netlink_plane::route_style(&conn, settings.nexthops).await;
-        info!("{why}");
-        metrics::set(
-            &METRICS.route_style,
-            1 + u64::from(style == RouteStyle::Nexthop),
-        );
-        style
-    } else {
-        RouteStyle::Plain
-    };
-    let mut attrs = LeaseAttrs {
-        public_ip: node.public_ip,
-        public_ipv6: node.public_ipv6,
-        backend_type: cfg.backend_type.clone(),
-        backend_data: None,
-        backend_v6_data: None,
-    };
-    if backend.programs() {
-        let data =
-            netlink_plane::prepare(&conn, backend.as_ref(), &ext, &families, earlier.as_ref())
-                .await?;
-        for (family, data) in data {
-            attrs.set_backend_data(family, data);
-        }
-    }
-    let request = LeaseRequest {
-        config: &cfg,
-        node,
-        previous: previous_key(&settings.subnet_file),
-        attrs: &attrs,
-        ttl: settings.ttl,
-    };
-    let (key, expiry) = reg.acquire(&request).await.map_err(StartError::Lease)?;
-    info!("leased subnet {key} in {}", reg.describe());
-    metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
-    let own = Lease {
-        key,
-        attrs: attrs.clone(),
-    };
-    let mut spec = NodeSpec::derive(settings, &cfg, &ext, &own, &fw)?;
-    spec.datapath.style = style;
-
-    let mut planes: Vec<Box<dyn Plane>> = Vec::new();
-    if backend.programs() {
-        planes.push(Box::new(NetlinkPlane::new(conn, spec.datapath.clone())));
-    }
-    if let Some(m) = spec.masq.clone() {
-        // The old subnet.env says which rules an earlier lease left behind.
-        let old = std::fs::read_to_string(&settings.subnet_file)
-            .map(|t| masq::previous(&t))
-            .unwrap_or((None, None));
-        planes.push(Box::new(FirewallPlane::new(
-            m,
-            settings.iptables_resync,
-            Some(old),
-        )));
-    }
-    let mut reconciler = Reconciler::new(planes);
+    let purpose = Purpose::Serve { ready };
+    let up = prepare(settings, reg.as_ref(), &ifaces, &purpose, &mut log_note).await?;
+    let mut reconciler = Reconciler::new(up.planes);
     // The node's own part (devices, firewall) before the plugin is told the subnet.
     reconciler.first_pass().await;
-
-    if let Err(e) = spec.subnet_env.write(&settings.subnet_file) {
-        // The plugin cannot work without it; keep serving and retry at the next renewal.
-        tracing::error!("writing {}: {e}", settings.subnet_file.display());
-    } else {
-        info!("wrote {}", settings.subnet_file.display());
-        // systemd hears of it through crate::readiness.
-        ready.store(true, Ordering::SeqCst);
-    }
-
-    let renewer = tokio::spawn(renew_forever(
-        reg.clone(),
-        key,
-        attrs.encode(),
-        expiry,
-        settings.ttl,
-        settings.renew_margin,
-    ));
+    let key = up.own.key;
+    let renewer = up.expiry.map(|expiry| {
+        tokio::spawn(renew_forever(
+            reg.clone(),
+            key,
+            up.own.attrs.encode(),
+            expiry,
+            settings.ttl,
+            settings.renew_margin,
+        ))
+    });
     let (tx, rx) = mpsc::channel::<Vec<crate::view::Event>>(64);
     let reconciling = tokio::spawn(reconciler.run(rx));
     let follower = tokio::spawn(follow(reg.clone(), key, tx));
@@ -428,7 +260,9 @@ async fn serve<R: Registry>(
             Err(e) => Exit::LeaseLost(LeaseLost::Follower(e.to_string())),
         },
     };
-    renewer.abort();
+    if let Some(r) = renewer {
+        r.abort();
+    }
     reconciling.abort();
     Ok(exit)
 }
@@ -453,7 +287,7 @@ mod tests {
     use super::*;
 
     use crate::registry::{Entry, Listing, RegistryError};
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
     /// A registry whose first watch falls behind a compaction, as etcd's does when a watcher
@@ -582,6 +416,7 @@ mod tests {
 
     #[test]
     fn the_previous_subnet_is_read_back() {
+        use crate::bringup::previous_key;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("subnet.env");
         assert_eq!(previous_key(&path), None);

@@ -557,6 +557,22 @@ impl<'a> Plan<'a> {
     }
 }
 
+/// A write as its failure is logged, devices by name: `10.5.2.0/24 via 10.5.2.0 dev flannel.1
+/// onlink`, `10.5.2.0 lladdr c6:d2:32:6f:8f:44 dev flannel.1`.
+pub fn show_write(w: &Write<'_>, names: &dyn Names) -> String {
+    match *w {
+        Write::SetRoute(r) | Write::DeleteRoute(r) => r.show(names),
+        Write::SetNeighbour(n) | Write::DeleteNeighbour(n) => {
+            format!("{} dev {}", n.show(names), names.name(n.device))
+        }
+        Write::SetFdb(e) | Write::DeleteFdb(e) => {
+            format!("{} dev {}", e.show(names), names.name(e.device))
+        }
+        Write::SetNexthop(nh) => nh.show(names),
+        Write::DeleteNexthop(id) => format!("id {id}"),
+    }
+}
+
 /// One kind as `flanneld doctor` reports it: each wanted entry ok, missing or wrong (the plan
 /// writes it: `wrong` when something is held under its key), each held entry the plan
 /// removes for no wanted entry of its key extra.

@@ -5,13 +5,24 @@
 use crate::config::ConfigError;
 use crate::iface::IfaceError;
 use crate::lease::SubnetKey;
+use crate::registry::RegistryError;
 use std::fmt;
 
 /// Why the start cannot go on: a bad network config, external interface or backend for this
-/// node. Exit status 2.
+/// node (exit status 2); or, for `doctor`, which looks once and waits for nothing, what it
+/// could not find.
 #[derive(Debug)]
 pub enum StartError {
     Config(ConfigError),
+    /// `doctor`: no network config where the registry keeps it.
+    NoConfig(String),
+    /// `doctor`: the registry did not answer (`where_` says which).
+    Registry {
+        where_: String,
+        error: RegistryError,
+    },
+    /// `doctor`: no lease carries this node's address.
+    NoLease(String),
     Interface(IfaceError),
     /// The backend cannot serve this node as it is (host-gw with a public address that is not
     /// the interface's).
@@ -28,6 +39,11 @@ impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StartError::Config(e) => e.fmt(f),
+            StartError::NoConfig(at) => write!(f, "no network config at {at}"),
+            StartError::Registry { where_, error } => write!(f, "{where_}: {error}"),
+            StartError::NoLease(where_) => {
+                write!(f, "no lease carries this node's address in {where_}")
+            }
             StartError::Interface(e) => e.fmt(f),
             StartError::Backend(why) => why.fmt(f),
             StartError::Kernel(e) => e.fmt(f),
@@ -38,6 +54,28 @@ impl fmt::Display for StartError {
 }
 
 impl std::error::Error for StartError {}
+
+impl StartError {
+    /// What `doctor` calls the thing that is wrong or missing.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StartError::Config(_) | StartError::NoConfig(_) | StartError::Backend(_) => "config",
+            StartError::Registry { .. } => "registry",
+            StartError::NoLease(_) | StartError::Lease(_) => "lease",
+            StartError::Interface(_) => "interface",
+            StartError::Kernel(_) => "kernel",
+            StartError::Firewall(_) => "firewall",
+        }
+    }
+
+    /// `missing` or `wrong`, as `doctor` says it.
+    pub fn state(&self) -> &'static str {
+        match self {
+            StartError::NoConfig(_) | StartError::NoLease(_) => "missing",
+            _ => "wrong",
+        }
+    }
+}
 
 impl From<ConfigError> for StartError {
     fn from(e: ConfigError) -> StartError {

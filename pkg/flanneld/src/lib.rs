@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod backend;
+pub mod bringup;
 pub mod config;
 pub mod daemon;
 pub mod doctor;

@@ -176,9 +176,7 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
                     return ExitCode::from(2);
                 }
             };
-            let mut settings = settings.clone();
-            reg.apply_public_ips(&mut settings.wanted).await;
-            run(Arc::new(reg), &settings, ifaces, ready).await
+            run(Arc::new(reg), settings, ifaces, ready).await
         }
     };
     match exit {
@@ -224,11 +222,7 @@ async fn doctor_run(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> E
             }
         }
         RegistryChoice::Kube(options) => match KubeRegistry::open(options).await {
-            Ok(reg) => {
-                let mut settings = settings.clone();
-                reg.apply_public_ips(&mut settings.wanted).await;
-                doctor::examine(&reg, &settings, &ifaces, flags.fix).await
-            }
+            Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
             Err(e) => {
                 error!("{e}");
                 return ExitCode::from(1);

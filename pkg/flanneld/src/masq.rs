@@ -29,6 +29,17 @@ const KUBE_PROXY_MARK: &str = "0x4000/0x4000";
 const MASQ_COMMENT: &str = r#"-m comment --comment "flanneld masq""#;
 const FWD_COMMENT: &str = r#"-m comment --comment "flanneld forward""#;
 
+/// `--ip-masq` and its siblings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MasqOptions {
+    /// `--ip-masq`: the masquerade chain.
+    pub masq: bool,
+    /// Not `--ip-masq-fully-random-disable`.
+    pub random_fully: bool,
+    /// `--iptables-forward-rules`: the forward accept chain.
+    pub forward_rules: bool,
+}
+
 /// What the node's firewall should hold: the cluster network and this node's subnet per
 /// family, and the options from the command line and the network config.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,6 @@
-//! One reconcile loop over the planes of the node's kernel state (the datapath's netlink
-//! entries, the firewall rules). Each plane reads what the kernel holds, computes what it
-//! should hold from the node's spec and the other nodes' leases, and writes only the
+//! One reconcile loop over the planes of the node's state (the datapath's netlink entries and
+//! devices, subnet.env, the firewall rules). Each plane reads what is held, plans what it
+//! should hold from the node's spec and the other nodes' leases, and applies only the
 //! difference; the loop only decides when each looks again: on lease events, on netlink
 //! notifications about what it owns, and on its own resync timer. Events are reasons to look,
 //! never records to trust, so start, restart, repair and normal operation are one code path,
@@ -12,13 +12,10 @@
 //! one (the firewall tools) never holds up another; lease events keep being taken during a
 //! pass, so that the registry's follower is never held up either.
 
-use crate::lease::{Lease, SubnetKey};
-use crate::report::Finding;
+use crate::planes::{DynPlane, Leases, Others};
 use crate::view::Event;
 use cni_kernel::netlink::{Event as NlEvent, Events};
-use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -31,53 +28,9 @@ pub const QUIET: Duration = Duration::from_millis(5);
 /// ...or this long after the first of them, whichever comes first.
 pub const SETTLE: Duration = Duration::from_millis(50);
 
-/// The other nodes' leases, by subnet.
-pub type Leases = BTreeMap<SubnetKey, Arc<Lease>>;
-
-/// What a pass knows of the other nodes.
-#[derive(Debug, Clone)]
-pub enum Others {
-    /// Nothing yet: the start's pass, before the registry was listed.
-    Unknown,
-    Known {
-        leases: Arc<Leases>,
-        /// Whether they changed since the plane's last pass: what it writes without a change
-        /// is a repair.
-        changed: bool,
-    },
-}
-
-/// One part of the node's kernel state, kept equal to what it should be.
-pub trait Plane: Send + 'static {
-    /// How often it is looked at when nothing else asks.
-    fn resync(&self) -> Duration;
-
-    /// Whether the other nodes' leases make a difference to it.
-    fn follows_leases(&self) -> bool {
-        false
-    }
-
-    /// Whether netlink notifications can concern it.
-    fn listens(&self) -> bool {
-        false
-    }
-
-    /// Whether this notification concerns what it owns.
-    fn concerns(&self, _ev: &NlEvent) -> bool {
-        false
-    }
-
-    /// Reads what the kernel holds, diffs it against what it should hold, and writes the
-    /// difference; logs what it wrote and what failed.
-    fn repair(&mut self, others: Others) -> BoxFuture<'_, ()>;
-
-    /// The same look with nothing written: each thing it keeps, ok, missing, wrong or extra.
-    fn examine<'a>(&'a mut self, leases: &'a Leases) -> BoxFuture<'a, Vec<Finding>>;
-}
-
 struct Slot {
     /// None while a pass has it.
-    plane: Option<Box<dyn Plane>>,
+    plane: Option<Box<dyn DynPlane>>,
     follows: bool,
     listens: bool,
     resync: Duration,
@@ -127,14 +80,14 @@ async fn next_note(notes: &mut Option<Events>) -> Option<NlEvent> {
     }
 }
 
-type Running = FuturesUnordered<JoinHandle<(usize, Box<dyn Plane>)>>;
+type Running = FuturesUnordered<JoinHandle<(usize, Box<dyn DynPlane>)>>;
 
 pub struct Reconciler {
     slots: Vec<Slot>,
 }
 
 impl Reconciler {
-    pub fn new(planes: Vec<Box<dyn Plane>>) -> Reconciler {
+    pub fn new(planes: Vec<Box<dyn DynPlane>>) -> Reconciler {
         let now = Instant::now();
         Reconciler {
             slots: planes
@@ -155,7 +108,7 @@ impl Reconciler {
     /// puts the node's own part in place (devices, firewall) before subnet.env is written.
     pub async fn first_pass(&mut self) {
         for plane in self.slots.iter_mut().filter_map(|s| s.plane.as_mut()) {
-            plane.repair(Others::Unknown).await;
+            plane.pass(Others::Unknown).await;
         }
     }
 
@@ -187,7 +140,7 @@ impl Reconciler {
                 changed: *changed,
             };
             running.push(tokio::spawn(async move {
-                plane.repair(others).await;
+                plane.pass(others).await;
                 (i, plane)
             }));
         }
@@ -295,6 +248,8 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::{Lease, SubnetKey};
+    use crate::planes::Plane;
     use std::sync::Mutex;
 
     /// A plane that records each pass: whether it knew the leases, how many, and whether
@@ -307,28 +262,42 @@ mod tests {
         busy: Duration,
     }
 
+    /// What the recorder saw: whether it knew the leases, how many, and whether they had
+    /// changed.
+    struct Seen(Option<(usize, bool)>);
+
+    impl crate::planes::Plan for Seen {
+        fn is_empty(&self) -> bool {
+            false
+        }
+        fn findings(&self) -> Vec<crate::report::Finding> {
+            Vec::new()
+        }
+    }
+
     impl Plane for Recorder {
+        type Plan = Seen;
+        const KIND: &'static str = "recorder";
+
         fn resync(&self) -> Duration {
             self.resync
         }
         fn follows_leases(&self) -> bool {
             self.follows
         }
-        fn repair(&mut self, others: Others) -> BoxFuture<'_, ()> {
-            Box::pin(async move {
-                tokio::time::sleep(self.busy).await;
-                let seen = match others {
-                    Others::Unknown => None,
-                    Others::Known { leases, changed } => Some((leases.len(), changed)),
-                };
-                if let Ok(mut p) = self.passes.lock() {
-                    p.push(seen);
-                }
-            })
+        async fn plan(&mut self, others: &Others) -> Result<Seen, crate::error::PassError> {
+            tokio::time::sleep(self.busy).await;
+            Ok(Seen(match others {
+                Others::Unknown => None,
+                Others::Known { leases, changed } => Some((leases.len(), *changed)),
+            }))
         }
-        fn examine<'a>(&'a mut self, _: &'a Leases) -> BoxFuture<'a, Vec<Finding>> {
-            Box::pin(async { Vec::new() })
+        async fn apply(&mut self, seen: Seen, _: &Others) {
+            if let Ok(mut p) = self.passes.lock() {
+                p.push(seen.0);
+            }
         }
+        fn failed(&mut self, _: crate::error::PassError, _: &Others) {}
     }
 
     fn lease(i: u8) -> Arc<Lease> {
@@ -343,7 +312,7 @@ mod tests {
 
     type Log = Arc<Mutex<Vec<Option<(usize, bool)>>>>;
 
-    fn recorder(follows: bool, resync: Duration, busy: Duration) -> (Box<dyn Plane>, Log) {
+    fn recorder(follows: bool, resync: Duration, busy: Duration) -> (Box<dyn DynPlane>, Log) {
         let passes: Log = Arc::default();
         (
             Box::new(Recorder {

@@ -3,6 +3,7 @@
 
 use crate::flags::Flags;
 use crate::iface::Wanted;
+pub use crate::masq::MasqOptions;
 use crate::registry::etcd::EtcdOptions;
 use crate::registry::kube::KubeOptions;
 use std::path::PathBuf;
@@ -76,17 +77,6 @@ impl RegistryChoice {
             }
         }
     }
-}
-
-/// `--ip-masq` and its siblings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MasqOptions {
-    /// `--ip-masq`: the masquerade chain.
-    pub masq: bool,
-    /// Not `--ip-masq-fully-random-disable`.
-    pub random_fully: bool,
-    /// `--iptables-forward-rules`: the forward accept chain.
-    pub forward_rules: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -1,18 +1,17 @@
-//! Everything this node should be, derived once from the settings, the network config, the
-//! external interface and its own lease: its datapath (backend, devices, the families and
-//! their subnets), its firewall rules and its subnet.env. Pure: the daemon and `flanneld
-//! doctor` derive the same node from the same inputs.
+//! Everything this node should be, derived once from what it stands on ([`Ground`]: the network
+//! config, the external interface, the backend, the firewall, the route style) and its own
+//! lease: its datapath (backend, devices, the families and their subnets), its firewall rules
+//! and its subnet.env. Pure: the daemon and `flanneld doctor` derive the same node from the
+//! same inputs.
 
 use crate::backend::api::{Backend, Device, Here, Peer, Skip};
-use crate::backend::select;
-use crate::config::{ConfigError, NetConfig};
+use crate::config::NetConfig;
 use crate::entries::{is_our_nexthop_id, NexthopIds, RouteStyle, Want};
 use crate::error::StartError;
 use crate::family::IpFamily;
-use crate::iface::{self, External, IfaceError, Interfaces, Wanted};
+use crate::iface::External;
 use crate::lease::{Lease, SubnetKey};
-use crate::masq::MasqSpec;
-use crate::settings::Settings;
+use crate::masq::{MasqOptions, MasqSpec};
 use cni_kernel::firewall::{self, Installed};
 use cni_kernel::netlink::{Route, MAIN_TABLE};
 use ipnetwork::IpNetwork;
@@ -42,16 +41,15 @@ pub struct Firewall {
 }
 
 impl Firewall {
-    /// The backend for `settings` and `cfg` on a host with the tools `have`: `EnableNFTables`
-    /// or, without iptables, nftables; else iptables. `--ip-masq` with no tool to write its
-    /// rules fails the start saying what is missing; the forward rules alone are left out with
-    /// a warning (the FORWARD policy then decides).
+    /// The backend for the rules `o` asks for under `cfg` on a host with the tools `have`:
+    /// `EnableNFTables` or, without iptables, nftables; else iptables. `--ip-masq` with no tool
+    /// to write its rules fails the start saying what is missing; the forward rules alone are
+    /// left out with a warning (the FORWARD policy then decides).
     pub fn choose(
-        settings: &Settings,
+        o: MasqOptions,
         cfg: &NetConfig,
         have: Installed,
     ) -> Result<Firewall, StartError> {
-        let o = settings.masq;
         if !(o.masq || o.forward_rules) {
             return Ok(Firewall {
                 backend: None,
@@ -151,31 +149,23 @@ pub fn subnet_env(cfg: &NetConfig, key: &SubnetKey, mtu: u32, ip_masq: bool) -> 
     }
 }
 
-/// The external interface, as `settings` ask for it, for the families `cfg` enables.
-pub fn external(
-    settings: &Settings,
-    cfg: &NetConfig,
-    ifaces: &Interfaces,
-) -> Result<External, IfaceError> {
-    let wanted = Wanted {
-        ipv4: cfg.ipv4.is_some(),
-        ipv6: cfg.ipv6.is_some(),
-        ..settings.wanted.clone()
-    };
-    iface::choose(&ifaces.links, &ifaces.routes, &wanted)
+/// What this node stands on before its lease: the network config, the external interface,
+/// the backend the config names, how its firewall rules are written and what the flags ask of
+/// them, and the route style the kernel allows.
+#[derive(Debug, Clone)]
+pub struct Ground {
+    pub cfg: NetConfig,
+    pub ext: External,
+    pub backend: Arc<dyn Backend>,
+    pub firewall: Firewall,
+    pub masq: MasqOptions,
+    pub style: RouteStyle,
 }
 
 impl NodeSpec {
-    /// This node as `settings`, the network config `cfg`, the external interface `ext`, its
-    /// lease `own` and the firewall backend chosen (`Firewall::choose`) make it.
-    pub fn derive(
-        settings: &Settings,
-        cfg: &NetConfig,
-        ext: &External,
-        own: &Lease,
-        fw: &Firewall,
-    ) -> Result<NodeSpec, ConfigError> {
-        let backend = select(cfg)?;
+    /// This node as what it stands on and its lease `own` make it.
+    pub fn derive(ground: &Ground, own: &Lease) -> NodeSpec {
+        let (cfg, ext, backend) = (&ground.cfg, &ground.ext, &ground.backend);
         let enabled = cfg.families();
         let families: Vec<FamilySpec> = enabled
             .iter()
@@ -198,8 +188,8 @@ impl NodeSpec {
                 })
             })
             .collect();
-        let o = settings.masq;
-        let masq = fw.backend.map(|b| MasqSpec {
+        let o = ground.masq;
+        let masq = ground.firewall.backend.map(|b| MasqSpec {
             ipv4: cfg.ipv4.zip(own.key.ipv4).map(|(f, s)| (f.network, s)),
             ipv6: cfg.ipv6.zip(own.key.ipv6).map(|(f, s)| (f.network, s)),
             nftables: b == firewall::Backend::Nftables,
@@ -214,17 +204,17 @@ impl NodeSpec {
             .min()
             .unwrap_or(ext.mtu);
         let subnet_env = subnet_env(cfg, &own.key, mtu, o.masq);
-        Ok(NodeSpec {
+        NodeSpec {
             datapath: DatapathSpec {
-                backend,
+                backend: backend.clone(),
                 ext: ext.clone(),
                 own: own.key,
                 families,
-                style: RouteStyle::default(),
+                style: ground.style,
             },
             masq,
             subnet_env,
-        })
+        }
     }
 }
 
@@ -332,21 +322,33 @@ impl DatapathSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::select;
     use crate::config;
-    use crate::flags::Flags;
     use crate::lease::LeaseAttrs;
-    use clap::Parser;
     use cni_kernel::netlink::{FdbEntry, Neighbour, Nexthop};
     use serde_json::value::RawValue;
     use std::net::IpAddr;
 
     /// The firewall on a host with both tools.
-    fn fw(s: &Settings, cfg: &NetConfig) -> Firewall {
+    fn fw(s: MasqOptions, cfg: &NetConfig) -> Firewall {
         let both = Installed {
             iptables: true,
             nft: true,
         };
         Firewall::choose(s, cfg, both).unwrap()
+    }
+
+    /// The node with the rules `o` asks for, under `cfg`, with its lease `own`.
+    fn node(o: MasqOptions, cfg: &NetConfig, own: &Lease) -> NodeSpec {
+        let ground = Ground {
+            cfg: cfg.clone(),
+            ext: ext(),
+            backend: select(cfg).unwrap(),
+            firewall: fw(o, cfg),
+            masq: o,
+            style: RouteStyle::Plain,
+        };
+        NodeSpec::derive(&ground, own)
     }
 
     #[test]
@@ -355,7 +357,7 @@ mod tests {
         let plain = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
         let nft = config::parse(r#"{"Network":"10.5.0.0/16","EnableNFTables":true}"#).unwrap();
         let masq = settings(&["--ip-masq"]);
-        let choose = |s: &Settings, cfg: &NetConfig, h| Firewall::choose(s, cfg, h);
+        let choose = |s: &MasqOptions, cfg: &NetConfig, h| Firewall::choose(*s, cfg, h);
         let f = choose(&masq, &plain, have(true, true)).unwrap();
         assert_eq!(
             (f.backend, f.note),
@@ -386,9 +388,13 @@ mod tests {
         );
     }
 
-    fn settings(args: &[&str]) -> Settings {
-        let argv = std::iter::once("flanneld").chain(args.iter().copied());
-        Settings::from_flags(&Flags::try_parse_from(argv).unwrap())
+    /// The masquerade options the flags `args` give.
+    fn settings(args: &[&str]) -> MasqOptions {
+        MasqOptions {
+            masq: args.contains(&"--ip-masq"),
+            random_fully: !args.contains(&"--ip-masq-fully-random-disable"),
+            forward_rules: !args.contains(&"--iptables-forward-rules=false"),
+        }
     }
 
     fn ext() -> External {
@@ -432,10 +438,7 @@ mod tests {
     }
 
     fn spec(cfg: &NetConfig) -> DatapathSpec {
-        let s = settings(&[]);
-        NodeSpec::derive(&s, cfg, &ext(), &own(), &fw(&s, cfg))
-            .unwrap()
-            .datapath
+        node(settings(&[]), cfg, &own()).datapath
     }
 
     /// flannel.1 as the kernel holds it, with `mac`.
@@ -479,7 +482,7 @@ mod tests {
             Some("c6:d2:32:6f:8f:44"),
         );
         own.key.ipv6 = None;
-        let node = NodeSpec::derive(&s, &cfg, &ext(), &own, &fw(&s, &cfg)).unwrap();
+        let node = node(s, &cfg, &own);
         assert_eq!(
             node.masq,
             Some(MasqSpec {
@@ -515,12 +518,7 @@ mod tests {
         assert_eq!(node.subnet_env.mtu, 1430);
         // Neither masquerade nor forward rules: no firewall rules at all.
         let none = settings(&["--iptables-forward-rules=false"]);
-        assert_eq!(
-            NodeSpec::derive(&none, &cfg, &ext(), &own, &fw(&none, &cfg))
-                .unwrap()
-                .masq,
-            None
-        );
+        assert_eq!(super::tests::node(none, &cfg, &own).masq, None);
     }
 
     #[test]
@@ -553,19 +551,16 @@ mod tests {
             settings(&["--ip-masq"]),
             config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
         );
-        let node = NodeSpec::derive(
-            &s,
+        let node = node(
+            s,
             &cfg,
-            &ext(),
             &lease(
                 "10.5.52.0-24",
                 "192.168.0.1",
                 "vxlan",
                 Some("c6:d2:32:6f:8f:44"),
             ),
-            &fw(&s, &cfg),
-        )
-        .unwrap();
+        );
         assert_eq!(
             node.subnet_env.render(),
             "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.52.1/24\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n"
@@ -629,15 +624,7 @@ mod tests {
             config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#).unwrap();
         let mut own = own();
         own.attrs.backend_type = "host-gw".into();
-        let s = NodeSpec::derive(
-            &settings(&[]),
-            &cfg,
-            &ext(),
-            &own,
-            &fw(&settings(&[]), &cfg),
-        )
-        .unwrap()
-        .datapath;
+        let s = node(settings(&[]), &cfg, &own).datapath;
         assert!(s.families[0].device.is_none());
         let d = s.desired(
             &DeviceIndex::default(),
@@ -653,15 +640,7 @@ mod tests {
             )]
         );
         let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"alloc"}}"#).unwrap();
-        let s = NodeSpec::derive(
-            &settings(&[]),
-            &cfg,
-            &ext(),
-            &own,
-            &fw(&settings(&[]), &cfg),
-        )
-        .unwrap()
-        .datapath;
+        let s = node(settings(&[]), &cfg, &own).datapath;
         let d = s.desired(
             &DeviceIndex::default(),
             &HashSet::new(),
@@ -765,9 +744,7 @@ mod tests {
         let mut own = own();
         own.attrs.backend_type = "host-gw".into();
         let none = settings(&[]);
-        let mut s = NodeSpec::derive(&none, &cfg, &ext(), &own, &fw(&none, &cfg))
-            .unwrap()
-            .datapath;
+        let mut s = node(none, &cfg, &own).datapath;
         s.style = RouteStyle::Nexthop;
         let d = s.desired(
             &DeviceIndex::default(),

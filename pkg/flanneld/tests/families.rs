@@ -11,14 +11,16 @@
 use clap::Parser;
 use cni_kernel::netlink::Route;
 use flanneld::alloc::{self, Action};
+use flanneld::backend::select;
 use flanneld::config::{self, NetConfig};
+use flanneld::entries::RouteStyle;
 use flanneld::family::IpFamily;
 use flanneld::flags::Flags;
 use flanneld::iface::{External, Source};
 use flanneld::lease::{Lease, LeaseAttrs, SubnetKey};
 use flanneld::registry::kube::{self, NodeObject};
 use flanneld::settings::Settings;
-use flanneld::spec::{DatapathSpec, Desired, DeviceIndex, Firewall, NodeSpec};
+use flanneld::spec::{DatapathSpec, Desired, DeviceIndex, Firewall, Ground, NodeSpec};
 use serde_json::value::RawValue;
 use std::net::IpAddr;
 
@@ -99,8 +101,15 @@ fn local_for(text: &str, own: &str) -> (DatapathSpec, DeviceIndex) {
         backend: None,
         note: None,
     };
-    let spec = NodeSpec::derive(&settings, &cfg, &ext, &own, &no_rules)
-        .unwrap_or_else(|e| panic!("{text}: {e}"));
+    let ground = Ground {
+        backend: select(&cfg).unwrap_or_else(|e| panic!("{text}: {e}")),
+        cfg: cfg.clone(),
+        ext,
+        firewall: no_rules,
+        masq: settings.masq,
+        style: RouteStyle::Plain,
+    };
+    let spec = NodeSpec::derive(&ground, &own);
     let devs = DeviceIndex(
         [
             (IpFamily::V4, cfg.ipv4.map(|_| DEV4)),

@@ -90,6 +90,12 @@ impl Error {
         self
     }
 
+    /// Names the object the way the caller knows it (a device by its name, not its index).
+    pub fn with_object(mut self, object: impl fmt::Display) -> Error {
+        self.object = object.to_string();
+        self
+    }
+
     /// Prefixes what was being done with the larger operation it was part of.
     pub fn context(mut self, what: impl fmt::Display) -> Error {
         self.op = format!("{what}: {}", self.op);

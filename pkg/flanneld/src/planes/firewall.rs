@@ -5,12 +5,11 @@
 //! and writes nothing when all is right. The rule tools block, so each pass runs off the
 //! async threads.
 
+use super::{Others, Plan, Plane};
 use crate::error::PassError;
 use crate::masq::{self, MasqSpec, Previous};
 use crate::metrics::{self, METRICS};
-use crate::reconcile::{Leases, Others, Plane};
 use crate::report::Finding;
-use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{error, info};
@@ -24,6 +23,28 @@ pub struct FirewallPlane {
     cleanup: Option<Previous>,
 }
 
+/// What is missing or wrong in the rules, and whether the first pass's cleanup is due.
+pub struct FirewallPlan {
+    reasons: Vec<String>,
+    cleanup: bool,
+}
+
+impl Plan for FirewallPlan {
+    fn is_empty(&self) -> bool {
+        self.reasons.is_empty() && !self.cleanup
+    }
+
+    fn findings(&self) -> Vec<Finding> {
+        if self.reasons.is_empty() {
+            return vec![Finding::new("masquerade", "ok", "the rules are flannel's")];
+        }
+        self.reasons
+            .iter()
+            .map(|r| Finding::new("masquerade", "wrong", r.clone()))
+            .collect()
+    }
+}
+
 impl FirewallPlane {
     /// The plane for `spec`; `previous` (from the old subnet.env) when the first pass should
     /// remove what an earlier run left.
@@ -34,64 +55,66 @@ impl FirewallPlane {
             cleanup: previous,
         }
     }
+}
 
-    /// One pass off the async threads: the cleanup if it is due, then the rules; whether the
-    /// rules had to be written.
-    async fn pass(&mut self) -> Result<bool, PassError> {
+impl Plane for FirewallPlane {
+    type Plan = FirewallPlan;
+    const KIND: &'static str = "masquerade";
+
+    fn resync(&self) -> Duration {
+        self.resync
+    }
+
+    /// The rules read and compared off the async threads (the tools block).
+    async fn plan(&mut self, _: &Others) -> Result<FirewallPlan, PassError> {
+        let spec = self.spec.clone();
+        let reasons = tokio::task::spawn_blocking(move || masq::check(&spec)).await??;
+        Ok(FirewallPlan {
+            reasons,
+            cleanup: self.cleanup.is_some(),
+        })
+    }
+
+    /// The cleanup if it is due, then the rules, off the async threads.
+    async fn apply(&mut self, plan: FirewallPlan, _: &Others) {
+        if plan.is_empty() {
+            return;
+        }
         let spec = self.spec.clone();
         let cleanup = self.cleanup.take();
-        let restored = tokio::task::spawn_blocking(move || -> cni_kernel::Result<bool> {
+        let first = cleanup.is_some();
+        let pass = tokio::task::spawn_blocking(move || -> cni_kernel::Result<bool> {
             if let Some((old4, old6)) = cleanup {
                 masq::remove_other_mode(&spec)?;
                 masq::remove_stale(old4, old6, &spec)?;
             }
             masq::ensure(&spec)
-        })
-        .await??;
-        Ok(restored)
+        });
+        match pass.await.map_err(PassError::from).and_then(|r| Ok(r?)) {
+            Ok(true) if !first => {
+                metrics::inc(&METRICS.masq_restores);
+                info!("masquerade rules restored")
+            }
+            Ok(_) => {}
+            Err(e) => self.report(e, first),
+        }
+    }
+
+    fn failed(&mut self, e: PassError, _: &Others) {
+        let first = self.cleanup.is_some();
+        self.report(e, first);
     }
 }
 
-impl Plane for FirewallPlane {
-    fn resync(&self) -> Duration {
-        self.resync
-    }
-
-    fn repair(&mut self, _others: Others) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let first = self.cleanup.is_some();
-            match self.pass().await {
-                Ok(true) if !first => {
-                    metrics::inc(&METRICS.masq_restores);
-                    info!("masquerade rules restored")
-                }
-                Ok(_) => {}
-                Err(e) if first => error!(
-                    "setting up the masquerade and forward rules: {e}; retrying every {:?}",
-                    self.resync
-                ),
-                Err(e) => error!("checking the masquerade rules: {e}"),
-            }
-        })
-    }
-
-    fn examine<'a>(&'a mut self, _: &'a Leases) -> BoxFuture<'a, Vec<Finding>> {
-        Box::pin(async move {
-            let spec = self.spec.clone();
-            let checked = tokio::task::spawn_blocking(move || masq::check(&spec)).await;
-            match checked
-                .map_err(PassError::from)
-                .and_then(|r| r.map_err(PassError::from))
-            {
-                Ok(reasons) if reasons.is_empty() => {
-                    vec![Finding::new("masquerade", "ok", "the rules are flannel's")]
-                }
-                Ok(reasons) => reasons
-                    .into_iter()
-                    .map(|r| Finding::new("masquerade", "wrong", r))
-                    .collect(),
-                Err(e) => vec![Finding::new("masquerade", "wrong", e.to_string())],
-            }
-        })
+impl FirewallPlane {
+    fn report(&self, e: PassError, first: bool) {
+        if first {
+            error!(
+                "setting up the masquerade and forward rules: {e}; retrying every {:?}",
+                self.resync
+            );
+        } else {
+            error!("checking the masquerade rules: {e}");
+        }
     }
 }

@@ -1,22 +1,22 @@
-//! The datapath plane: the backend's devices, then the routes, neighbours, FDB entries and
-//! nexthop objects the other nodes' leases call for. It reads what the kernel holds in the objects it owns,
-//! computes the difference to what the spec and the leases call for, and writes only that, in
-//! batches.
+//! The datapath plane: the backend's devices, then the routes, neighbours, FDB entries, nexthop
+//! objects and device peers the other nodes' leases call for. Its plan reads what the kernel
+//! holds of what it owns (the devices by name, their addresses, the entries) and what the spec
+//! and the leases call for; applying it makes or mends the devices, then writes the entries'
+//! difference in one batch.
 
-use crate::backend::api::Backend;
-use crate::backend::api::DevicePeer;
+use super::{Leases, Others, Plan, Plane};
+use crate::backend::api::{Backend, DevicePeer};
 use crate::entries::{self, diff, owns_nexthop, Entries, KindPlan, PeerEntry, RouteStyle};
+use crate::error::PassError;
 use crate::family::IpFamily;
 use crate::iface::{is_link_local, External};
-use crate::lease::LeaseAttrs;
-use crate::lease::SubnetKey;
+use crate::lease::{LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
-use crate::reconcile::{Leases, Others, Plane};
 use crate::report::Finding;
 use crate::spec::{DatapathSpec, Desired, DeviceIndex, DeviceSpec};
 use cni_kernel::netlink::{Conn, Event as NlEvent, Link};
 use cni_kernel::procsys::{self, Proto};
-use futures::future::BoxFuture;
+use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -62,46 +62,6 @@ fn refuse_router_advertisements(name: &str) {
     }
 }
 
-/// Makes a device as it must be; whether anything changed, and the link.
-async fn ensure_device(
-    conn: &Conn,
-    family: IpFamily,
-    spec: &DeviceSpec,
-) -> cni_kernel::Result<(Link, bool)> {
-    let dev = &spec.dev;
-    let held = conn.link_by_name(dev.name()).await?;
-    let (link, mut changed) = match held {
-        Some(l) if dev.differences(&l).is_empty() => (l, false),
-        _ => {
-            let link = dev.make(conn).await?;
-            refuse_router_advertisements(dev.name());
-            (link, true)
-        }
-    };
-    if let Some(want) = spec.address {
-        let have = conn.addresses(link.index).await?;
-        for stale in have
-            .iter()
-            .filter(|a| **a != want && IpFamily::of(a.ip()) == family && !is_link_local(a.ip()))
-        {
-            // An address from another subnet (an earlier lease) would answer for it.
-            if conn.del_address(link.index, *stale).await? {
-                info!("removed stale address {stale} from {}", dev.name());
-                changed = true;
-            }
-        }
-        if !have.contains(&want) {
-            conn.add_address(link.index, want).await?;
-            changed = true;
-        }
-    }
-    if !link.up {
-        conn.set_up(link.index, true).await?;
-        changed = true;
-    }
-    Ok((link, changed))
-}
-
 /// Makes the backend's devices before this node's lease is taken, so that what identifies
 /// them (the VtepMAC) goes into the lease: each keeps the identity it has when it fits, else
 /// the one this node's earlier lease announced, else a new one. Returns the lease's backend
@@ -135,12 +95,129 @@ pub async fn prepare(
 pub struct NetlinkPlane {
     conn: Conn,
     spec: DatapathSpec,
-    /// The devices as last made or read.
+    /// The devices as last read or made.
     devs: DeviceIndex,
-    /// Their links, by family.
-    links: Vec<(IpFamily, Link)>,
     /// The leases outside the network last said so, so that each is said once.
     outside: HashSet<SubnetKey>,
+}
+
+/// One device as the plan found it.
+struct DeviceLook {
+    family: IpFamily,
+    spec: DeviceSpec,
+    /// The kernel's link of its name, if any.
+    held: Option<Link>,
+    /// How that link differs from the device (empty: it fits).
+    differences: Vec<String>,
+    /// Addresses of its family the link has that are not this node's (an earlier lease's).
+    stale: Vec<IpNetwork>,
+    /// This node's address is not on it.
+    address_missing: bool,
+}
+
+impl DeviceLook {
+    fn make(&self) -> bool {
+        self.held.is_none() || !self.differences.is_empty()
+    }
+
+    fn is_right(&self) -> bool {
+        !self.make()
+            && self.stale.is_empty()
+            && !self.address_missing
+            && self.held.as_ref().is_some_and(|l| l.up)
+    }
+
+    fn finding(&self) -> Finding {
+        let name = self.spec.dev.name();
+        let Some(held) = &self.held else {
+            return Finding::new("device", "missing", name);
+        };
+        let mut problems = self.differences.clone();
+        if let Some(want) = self.spec.address.filter(|_| self.address_missing) {
+            problems.push(format!("address {want} missing"));
+        }
+        problems.extend(self.stale.iter().map(|a| format!("stale address {a}")));
+        if !held.up {
+            problems.push("down".into());
+        }
+        let mut detail = self.spec.dev.show(held);
+        for p in &problems {
+            detail.push_str("; ");
+            detail.push_str(p);
+        }
+        let state = if problems.is_empty() { "ok" } else { "wrong" };
+        Finding::new("device", state, detail)
+    }
+}
+
+/// What the kernel holds of the datapath's entries, what the leases call for, and the ids of
+/// the nexthops in our range that another program made (left alone).
+struct EntriesLook {
+    want: Desired,
+    held: Entries,
+    leases: usize,
+}
+
+/// Device names by index: the external interface's and the devices'.
+#[derive(Debug, Clone, Default)]
+struct Names(Vec<(u32, String)>);
+
+impl Names {
+    fn of(&self, index: u32) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, n)| n.clone())
+    }
+}
+
+/// One look at the datapath: its devices, and the entries once the leases are known.
+pub struct DatapathPlan {
+    started: Instant,
+    devices: Vec<DeviceLook>,
+    entries: Option<EntriesLook>,
+    names: Names,
+    /// The leases changed since the last pass: what this writes is no repair.
+    changed: bool,
+}
+
+impl DatapathPlan {
+    fn devices_right(&self) -> bool {
+        self.devices.iter().all(DeviceLook::is_right)
+    }
+}
+
+impl Plan for DatapathPlan {
+    fn is_empty(&self) -> bool {
+        self.devices_right()
+            && self
+                .entries
+                .as_ref()
+                .is_none_or(|e| diff(&e.want.want.entries, &e.held).is_empty())
+    }
+
+    fn findings(&self) -> Vec<Finding> {
+        let mut out: Vec<Finding> = self.devices.iter().map(DeviceLook::finding).collect();
+        let Some(e) = &self.entries else { return out };
+        for (key, subnet, network) in &e.want.outside {
+            out.push(Finding::new(
+                "lease",
+                "ok",
+                format!("{key} skipped: {subnet} is outside the network {network}"),
+            ));
+        }
+        for (key, why) in &e.want.skipped {
+            out.push(Finding::new(
+                "lease",
+                "ok",
+                format!("{key} gives no entry: {why}"),
+            ));
+        }
+        out.extend(entries::findings(&e.want.want.entries, &e.held, &|i| {
+            self.names.of(i)
+        }));
+        out
+    }
 }
 
 /// What one pass changed, per kind: routes, neighbours, FDB entries, nexthops, device peers.
@@ -151,59 +228,76 @@ struct Changes {
     removed: [usize; 5],
 }
 
-/// What the kernel holds of the datapath's, and the ids of the nexthops in its range that
-/// another program made (left alone).
-struct Held {
-    entries: Entries,
-    taken: HashSet<u32>,
-}
-
 impl NetlinkPlane {
     pub fn new(conn: Conn, spec: DatapathSpec) -> NetlinkPlane {
         NetlinkPlane {
             conn,
             spec,
             devs: DeviceIndex::default(),
-            links: Vec::new(),
             outside: HashSet::new(),
         }
     }
 
-    /// The devices as they must be; whether anything changed.
-    async fn ensure_devices(&mut self) -> cni_kernel::Result<bool> {
-        let mut changed = false;
-        for i in 0..self.spec.families.len() {
-            let f = &self.spec.families[i];
-            let Some(dev) = &f.device else { continue };
-            let family = f.family;
-            let (link, c) = ensure_device(&self.conn, family, dev).await?;
-            changed |= c;
-            self.hold(family, link);
+    /// Each device of the spec against the kernel's link of its name.
+    async fn look_at_devices(&self) -> cni_kernel::Result<Vec<DeviceLook>> {
+        let mut out = Vec::new();
+        for f in &self.spec.families {
+            let Some(spec) = &f.device else { continue };
+            let held = self.conn.link_by_name(spec.dev.name()).await?;
+            let mut look = DeviceLook {
+                family: f.family,
+                spec: spec.clone(),
+                differences: held
+                    .as_ref()
+                    .map(|l| spec.dev.differences(l))
+                    .unwrap_or_default(),
+                held,
+                stale: Vec::new(),
+                address_missing: false,
+            };
+            if let (Some(want), Some(link)) = (spec.address, &look.held) {
+                let have = self.conn.addresses(link.index).await?;
+                look.stale = have
+                    .iter()
+                    .filter(|a| {
+                        **a != want && IpFamily::of(a.ip()) == f.family && !is_link_local(a.ip())
+                    })
+                    .copied()
+                    .collect();
+                look.address_missing = !have.contains(&want);
+            }
+            out.push(look);
         }
-        Ok(changed)
+        Ok(out)
     }
 
-    /// Takes `link` as the device of `family`.
-    fn hold(&mut self, family: IpFamily, link: Link) {
-        self.devs.0.retain(|(f, _)| *f != family);
-        self.devs.0.push((family, link.index));
-        self.links.retain(|(f, _)| *f != family);
-        self.links.push((family, link));
+    /// The device indices and names the devices found give.
+    fn hold(&mut self, devices: &[DeviceLook]) -> Names {
+        self.devs = DeviceIndex(
+            devices
+                .iter()
+                .filter_map(|d| Some((d.family, d.held.as_ref()?.index)))
+                .collect(),
+        );
+        let mut names = vec![(self.spec.ext.index, self.spec.ext.name.clone())];
+        names.extend(
+            devices
+                .iter()
+                .filter_map(|d| Some((d.held.as_ref()?.index, d.spec.dev.name().to_string()))),
+        );
+        Names(names)
     }
 
-    /// Each device the kernel holds, with its link.
-    fn held_devices(&self) -> impl Iterator<Item = (&DeviceSpec, &Link)> {
-        self.links.iter().filter_map(|(family, link)| {
-            let f = self.spec.families.iter().find(|f| f.family == *family)?;
-            Some((f.device.as_ref()?, link))
-        })
-    }
-
-    /// What the kernel holds of what this datapath owns. Its nexthops are read whatever the
-    /// style, so that ours left from a life with the other style are found and removed.
-    async fn read(&self) -> cni_kernel::Result<Held> {
+    /// What the kernel holds of what this datapath owns, and what the leases call for. Its
+    /// nexthops are read whatever the style, so that ours left from a life with the other
+    /// style are found and removed.
+    async fn look_at_entries(
+        &self,
+        devices: &[DeviceLook],
+        leases: &Leases,
+    ) -> cni_kernel::Result<EntriesLook> {
         let mut taken = HashSet::new();
-        let mut have = Entries {
+        let mut held = Entries {
             routes: self
                 .conn
                 .routes()
@@ -215,43 +309,97 @@ impl NetlinkPlane {
         };
         for nh in self.conn.nexthops().await? {
             if owns_nexthop(&nh) {
-                have.nexthops.push(nh);
+                held.nexthops.push(nh);
             } else if entries::is_our_nexthop_id(nh.id) {
                 taken.insert(nh.id);
             }
         }
         for &(_, dev) in &self.devs.0 {
-            have.neighbours.extend(
-                self.conn
-                    .neighbours(dev)
-                    .await?
-                    .into_iter()
-                    .filter(|n| n.permanent),
-            );
-            have.fdb.extend(
-                self.conn
-                    .fdb(dev)
-                    .await?
-                    .into_iter()
-                    .filter(|f| f.dst.is_some()),
-            );
+            let neighbours = self.conn.neighbours(dev).await?;
+            held.neighbours
+                .extend(neighbours.into_iter().filter(|n| n.permanent));
+            let fdb = self.conn.fdb(dev).await?;
+            held.fdb.extend(fdb.into_iter().filter(|f| f.dst.is_some()));
         }
-        for (dev, link) in self.held_devices() {
-            have.peers.extend(
-                dev.dev
-                    .held_peers(link)
-                    .await?
-                    .into_iter()
-                    .map(|peer| PeerEntry {
-                        device: link.index,
-                        peer,
-                    }),
-            );
+        for d in devices {
+            let Some(link) = &d.held else { continue };
+            let peers = d.spec.dev.held_peers(link).await?;
+            held.peers.extend(peers.into_iter().map(|peer| PeerEntry {
+                device: link.index,
+                peer,
+            }));
         }
-        Ok(Held {
-            entries: have,
-            taken,
+        let want = self
+            .spec
+            .desired(&self.devs, &taken, leases.values().map(|l| &**l));
+        Ok(EntriesLook {
+            want,
+            held,
+            leases: leases.len(),
         })
+    }
+
+    /// Makes or mends each device the plan found wrong; whether any was.
+    async fn apply_devices(&self, devices: &mut [DeviceLook]) -> cni_kernel::Result<bool> {
+        let mut changed = false;
+        for d in devices.iter_mut().filter(|d| !d.is_right()) {
+            let dev = &d.spec.dev;
+            let link = match d.held.take() {
+                Some(l) if !d.make() => l,
+                _ => {
+                    let link = dev.make(&self.conn).await?;
+                    refuse_router_advertisements(dev.name());
+                    changed = true;
+                    link
+                }
+            };
+            for stale in &d.stale {
+                // An address from another subnet (an earlier lease) would answer for it.
+                if self.conn.del_address(link.index, *stale).await? {
+                    info!("removed stale address {stale} from {}", dev.name());
+                    changed = true;
+                }
+            }
+            if let Some(want) = d.spec.address {
+                if !self.conn.addresses(link.index).await?.contains(&want) {
+                    self.conn.add_address(link.index, want).await?;
+                    changed = true;
+                }
+            }
+            if !link.up {
+                self.conn.set_up(link.index, true).await?;
+                changed = true;
+            }
+            d.held = Some(link);
+        }
+        Ok(changed)
+    }
+
+    /// Writes the entries' difference; what it wrote and removed, per kind.
+    async fn apply_entries(
+        &self,
+        look: &EntriesLook,
+        devices: &[DeviceLook],
+        names: &Names,
+    ) -> Changes {
+        let entries = &look.want.want.entries;
+        let plan = diff(entries, &look.held);
+        let mut changes = Changes::default();
+        if plan.is_empty() {
+            return changes;
+        }
+        // One pipelined batch; an entry the kernel refuses is logged and the rest written. The
+        // plan comes from what was just read, so nothing is read again first.
+        let writes = plan.writes();
+        let shown = |i: u32| names.of(i);
+        for (i, e) in self.conn.write_indexed(&writes).await {
+            warn!("{}", e.with_object(entries::show_write(&writes[i], &shown)));
+        }
+        for e in write_peers(devices, &plan.peers).await {
+            warn!("{e}");
+        }
+        (changes.put, changes.removed) = plan.counts();
+        changes
     }
 
     /// Says once per lease that one is outside the network and is not programmed.
@@ -267,138 +415,69 @@ impl NetlinkPlane {
         self.outside = now;
     }
 
-    /// One pass: the devices, then, with the leases known, every entry they call for.
-    async fn pass(&mut self, leases: Option<&Leases>) -> cni_kernel::Result<Changes> {
-        let started = Instant::now();
-        let mut changes = Changes {
-            device: self.ensure_devices().await?,
-            ..Changes::default()
-        };
-        let Some(leases) = leases else {
-            return Ok(changes);
-        };
-        let devices = started.elapsed();
-        let held = self.read().await?;
-        let read = started.elapsed();
-        let want = self
-            .spec
-            .desired(&self.devs, &held.taken, leases.values().map(|l| &**l));
-        let entries = &want.want.entries;
+    /// What a pass with the leases known did, in the metrics and the log.
+    fn tell(&mut self, plan: &DatapathPlan, look: &EntriesLook, c: Changes) {
+        let entries = &look.want.want.entries;
         metrics::set(&METRICS.routes, entries.routes.len() as u64);
         metrics::set(&METRICS.neighbours, entries.neighbours.len() as u64);
         metrics::set(&METRICS.fdb, entries.fdb.len() as u64);
         metrics::set(&METRICS.nexthops, entries.nexthops.len() as u64);
-        for (key, why) in &want.skipped {
+        for (key, why) in &look.want.skipped {
             debug!("lease {key} gives no entry: {why}");
         }
-        self.tell_outside(&want);
-        let computed = started.elapsed();
-        let plan = diff(entries, &held.entries);
-        let diffed = started.elapsed();
-        if plan.is_empty() {
-            return Ok(changes);
-        }
-        // One pipelined batch; an entry the kernel refuses is logged and the rest written. The
-        // plan comes from what was just read, so nothing is read again first.
-        for e in self.conn.write(&plan.writes()).await {
-            warn!("{e}");
-        }
-        for e in self.write_peers(&plan.peers).await {
-            warn!("{e}");
-        }
-        debug!(
-            "datapath pass: devices {devices:?}, read {:?}, desired {:?}, diff {:?}, write {:?}",
-            read - devices,
-            computed - read,
-            diffed - computed,
-            started.elapsed() - diffed
+        self.tell_outside(&look.want);
+        metrics::inc(&METRICS.reconcile_runs);
+        metrics::add(
+            &METRICS.reconcile_micros,
+            plan.started.elapsed().as_micros() as u64,
         );
-        (changes.put, changes.removed) = plan.counts();
-        Ok(changes)
-    }
-
-    /// Each device's peers as planned, written through the device.
-    async fn write_peers(&self, plan: &KindPlan<'_, PeerEntry>) -> Vec<cni_kernel::Error> {
-        let mut failed = Vec::new();
-        if plan.is_empty() {
-            return failed;
+        if !plan.changed {
+            metrics::add(&METRICS.repaired_routes, c.put[0] as u64);
+            metrics::add(&METRICS.repaired_neighbours, c.put[1] as u64);
+            metrics::add(&METRICS.repaired_fdb, c.put[2] as u64);
+            metrics::add(&METRICS.repaired_nexthops, c.put[3] as u64);
         }
-        for (dev, link) in self.held_devices() {
-            fn of<'p>(list: &[&'p PeerEntry], device: u32) -> Vec<&'p dyn DevicePeer> {
-                list.iter()
-                    .filter(|p| p.device == device)
-                    .map(|p| p.peer.as_ref())
-                    .collect()
-            }
-            let (put, remove) = (of(&plan.put, link.index), of(&plan.remove, link.index));
-            if !put.is_empty() || !remove.is_empty() {
-                failed.extend(dev.dev.write_peers(link, &put, &remove).await);
-            }
+        if c != Changes::default() {
+            info!(
+                "datapath: {} leases; wrote {}; removed {}{}",
+                look.leases,
+                tally(&c.put),
+                tally(&c.removed),
+                if c.device { "; device mended" } else { "" }
+            );
         }
-        failed
-    }
-
-    /// The names `doctor` shows devices by.
-    fn name_of(&self, index: u32) -> Option<String> {
-        if index == self.spec.ext.index {
-            return Some(self.spec.ext.name.clone());
-        }
-        let family = self.devs.0.iter().find(|(_, i)| *i == index)?.0;
-        let f = self.spec.families.iter().find(|f| f.family == family)?;
-        f.device.as_ref().map(|d| d.dev.name().to_string())
-    }
-
-    /// The MTU of the first device as `examine` found it (the MTU chain's middle).
-    pub fn device_mtu(&self) -> Option<u32> {
-        self.links.first().and_then(|(_, l)| l.mtu)
-    }
-
-    /// Each device against what it must be, read only.
-    async fn examine_devices(&mut self) -> Vec<Finding> {
-        let mut out = Vec::new();
-        self.devs = DeviceIndex::default();
-        self.links.clear();
-        for f in &self.spec.families {
-            let Some(spec) = &f.device else { continue };
-            let name = spec.dev.name();
-            let link = match self.conn.link_by_name(name).await {
-                Ok(Some(l)) => l,
-                Ok(None) => {
-                    out.push(Finding::new("device", "missing", name));
-                    continue;
-                }
-                Err(e) => {
-                    out.push(Finding::new("device", "wrong", format!("{name}: {e}")));
-                    continue;
-                }
-            };
-            let mut problems = spec.dev.differences(&link);
-            if let Some(want) = spec.address {
-                match self.conn.addresses(link.index).await {
-                    Ok(have) if have.contains(&want) => {}
-                    Ok(_) => problems.push(format!("address {want} missing")),
-                    Err(e) => problems.push(e.to_string()),
-                }
-            }
-            if !link.up {
-                problems.push("down".into());
-            }
-            let mut detail = spec.dev.show(&link);
-            for p in &problems {
-                detail.push_str("; ");
-                detail.push_str(p);
-            }
-            let state = if problems.is_empty() { "ok" } else { "wrong" };
-            out.push(Finding::new("device", state, detail));
-            let family = f.family;
-            self.devs.0.push((family, link.index));
-            self.links.push((family, link));
-        }
-        out
     }
 }
 
+/// Each device's peers as planned, written through the device.
+async fn write_peers(
+    devices: &[DeviceLook],
+    plan: &KindPlan<'_, PeerEntry>,
+) -> Vec<cni_kernel::Error> {
+    fn of<'p>(list: &[&'p PeerEntry], device: u32) -> Vec<&'p dyn DevicePeer> {
+        list.iter()
+            .filter(|p| p.device == device)
+            .map(|p| p.peer.as_ref())
+            .collect()
+    }
+    let mut failed = Vec::new();
+    if plan.is_empty() {
+        return failed;
+    }
+    for d in devices {
+        let Some(link) = &d.held else { continue };
+        let (put, remove) = (of(&plan.put, link.index), of(&plan.remove, link.index));
+        if !put.is_empty() || !remove.is_empty() {
+            failed.extend(d.spec.dev.write_peers(link, &put, &remove).await);
+        }
+    }
+    failed
+}
+
 impl Plane for NetlinkPlane {
+    type Plan = DatapathPlan;
+    const KIND: &'static str = "kernel";
+
     fn resync(&self) -> Duration {
         RESYNC
     }
@@ -435,84 +514,57 @@ impl Plane for NetlinkPlane {
         }
     }
 
-    fn repair(&mut self, others: Others) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let (leases, changed) = match &others {
-                Others::Unknown => (None, false),
-                Others::Known { leases, changed } => (Some(&**leases), *changed),
-            };
-            let started = Instant::now();
-            let result = self.pass(leases).await;
-            let Some(leases) = leases else {
-                if let Err(e) = result {
-                    // The reconciler keeps trying; the plugin may already use the subnet.
-                    error!("setting up the datapath for {}: {e}", self.spec.own);
-                }
-                return;
-            };
-            metrics::inc(&METRICS.reconcile_runs);
-            metrics::add(
-                &METRICS.reconcile_micros,
-                started.elapsed().as_micros() as u64,
-            );
-            match result {
-                Ok(c) => {
-                    if !changed {
-                        metrics::add(&METRICS.repaired_routes, c.put[0] as u64);
-                        metrics::add(&METRICS.repaired_neighbours, c.put[1] as u64);
-                        metrics::add(&METRICS.repaired_fdb, c.put[2] as u64);
-                        metrics::add(&METRICS.repaired_nexthops, c.put[3] as u64);
-                    }
-                    if c != Changes::default() {
-                        info!(
-                            "datapath: {} leases; wrote {}; removed {}{}",
-                            leases.len(),
-                            tally(&c.put),
-                            tally(&c.removed),
-                            if c.device { "; device mended" } else { "" }
-                        );
-                    }
-                }
-                Err(e) => warn!("datapath: {e}; trying again"),
-            }
+    /// The devices, then, with the leases known, every entry they call for.
+    async fn plan(&mut self, others: &Others) -> Result<DatapathPlan, PassError> {
+        let started = Instant::now();
+        let devices = self.look_at_devices().await?;
+        let names = self.hold(&devices);
+        let entries = match others.leases() {
+            Some(leases) => Some(self.look_at_entries(&devices, leases).await?),
+            None => None,
+        };
+        debug!("datapath look: {:?}", started.elapsed());
+        Ok(DatapathPlan {
+            started,
+            devices,
+            entries,
+            names,
+            changed: matches!(others, Others::Known { changed: true, .. }),
         })
     }
 
-    fn examine<'a>(&'a mut self, leases: &'a Leases) -> BoxFuture<'a, Vec<Finding>> {
-        Box::pin(async move {
-            let mut out = self.examine_devices().await;
-            let held = match self.read().await {
-                Ok(held) => Some(held),
-                Err(e) => {
-                    out.push(Finding::new("kernel", "wrong", e.to_string()));
-                    None
+    async fn apply(&mut self, mut plan: DatapathPlan, others: &Others) {
+        let device = match self.apply_devices(&mut plan.devices).await {
+            Ok(changed) => changed,
+            Err(e) => return self.failed(e.into(), others),
+        };
+        if device {
+            // A device made anew has a new index: what its entries are is read again.
+            plan.names = self.hold(&plan.devices);
+            if let Some(leases) = others.leases() {
+                match self.look_at_entries(&plan.devices, leases).await {
+                    Ok(e) => plan.entries = Some(e),
+                    Err(e) => return self.failed(e.into(), others),
                 }
-            };
-            let taken = held.as_ref().map(|h| h.taken.clone()).unwrap_or_default();
-            let want = self
-                .spec
-                .desired(&self.devs, &taken, leases.values().map(|l| &**l));
-            for (key, subnet, network) in &want.outside {
-                out.push(Finding::new(
-                    "lease",
-                    "ok",
-                    format!("{key} skipped: {subnet} is outside the network {network}"),
-                ));
             }
-            for (key, why) in &want.skipped {
-                out.push(Finding::new(
-                    "lease",
-                    "ok",
-                    format!("{key} gives no entry: {why}"),
-                ));
+        }
+        let Some(look) = plan.entries.take() else {
+            return;
+        };
+        let mut changes = self.apply_entries(&look, &plan.devices, &plan.names).await;
+        changes.device = device;
+        self.tell(&plan, &look, changes);
+    }
+
+    fn failed(&mut self, e: PassError, others: &Others) {
+        match others {
+            // The reconciler keeps trying; the plugin may already use the subnet.
+            Others::Unknown => error!("setting up the datapath for {}: {e}", self.spec.own),
+            Others::Known { .. } => {
+                metrics::inc(&METRICS.reconcile_runs);
+                warn!("datapath: {e}; trying again");
             }
-            if let Some(held) = held {
-                out.extend(entries::findings(&want.want.entries, &held.entries, &|i| {
-                    self.name_of(i)
-                }));
-            }
-            out
-        })
+        }
     }
 }
 

@@ -144,6 +144,12 @@ pub trait Registry: Send + Sync + 'static {
         async move { Ok(choose_and_create(self, req).await) }
     }
 
+    /// Puts the public addresses the registry holds for this node in place of the flags'
+    /// (the kube mode's `node-public-ip` annotations); by default there are none.
+    fn public_ips(&self, _wanted: &mut crate::iface::Wanted) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// What this node's earlier lease said of it (its devices' MACs are kept), if the
     /// registry answers at once. By default the lease that carries the node's public address.
     fn earlier_lease(

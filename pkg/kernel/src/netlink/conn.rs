@@ -949,13 +949,23 @@ impl Conn {
     /// differs. Every write is tried; the failures come back, each naming its entry. Deleting
     /// what is already gone is no failure.
     pub async fn write(&self, writes: &[Write<'_>]) -> Vec<Error> {
-        let mut batches = writes.chunks(BATCH);
+        self.write_indexed(writes)
+            .await
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect()
+    }
+
+    /// [`Conn::write`], each failure with the position of its write in `writes`, for a caller
+    /// that names the entry its own way.
+    pub async fn write_indexed(&self, writes: &[Write<'_>]) -> Vec<(usize, Error)> {
+        let mut batches = writes.chunks(BATCH).enumerate();
         let mut in_flight = futures::stream::FuturesOrdered::new();
         let mut failed = Vec::new();
         loop {
             while in_flight.len() < WINDOW / BATCH {
                 match batches.next() {
-                    Some(b) => in_flight.push_back(self.write_batch(b)),
+                    Some((i, b)) => in_flight.push_back(self.write_batch(i * BATCH, b)),
                     None => break,
                 }
             }
@@ -970,7 +980,7 @@ impl Conn {
     /// do not say which write they are for; so a batch with any refusal is tried again one
     /// write at a time (each write is idempotent, and a deletion done the first time finds
     /// nothing the second), which names each failure.
-    async fn write_batch(&self, batch: &[Write<'_>]) -> Vec<Error> {
+    async fn write_batch(&self, first: usize, batch: &[Write<'_>]) -> Vec<(usize, Error)> {
         let messages = batch.iter().map(|w| {
             let (msg, flags) = w.message();
             let mut req = NetlinkMessage::from(msg);
@@ -980,7 +990,8 @@ impl Conn {
         let Ok(mut answers) = self.handle.request_batch(messages, SocketAddr::new(0, 0)) else {
             return batch
                 .iter()
-                .map(|w| Fail::Closed.into_error(w.op(), w.object()))
+                .enumerate()
+                .map(|(i, w)| (first + i, Fail::Closed.into_error(w.op(), w.object())))
                 .collect();
         };
         let mut refused = false;
@@ -991,9 +1002,9 @@ impl Conn {
         }
         let mut failed = Vec::new();
         if refused {
-            for w in batch {
+            for (i, w) in batch.iter().enumerate() {
                 if let Err(e) = self.write_one(*w).await {
-                    failed.push(e);
+                    failed.push((first + i, e));
                 }
             }
         }

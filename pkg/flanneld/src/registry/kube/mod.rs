@@ -493,6 +493,10 @@ impl Registry for KubeRegistry {
 
     /// This node's own annotations, found by its name (its public address may be a user's
     /// overwrite).
+    async fn public_ips(&self, wanted: &mut crate::iface::Wanted) {
+        self.apply_public_ips(wanted).await
+    }
+
     async fn earlier_lease(&self, _: &NetConfig, _: &crate::alloc::Node) -> Option<LeaseAttrs> {
         self.earlier_attrs().await
     }
