@@ -11,6 +11,7 @@
 pub mod checks;
 pub mod cri;
 pub mod cri_node;
+pub mod daemonset;
 pub mod image;
 pub mod install;
 pub mod node;
