@@ -73,9 +73,11 @@ elapsed() { echo "$(( $(date +%s) - $1 )) s"; }
 root_links() { ip -o link show | awk -F': ' '{print $2}' | sort; }
 before=$(root_links)
 
-# apt sources for $release on the mirrors this machine's apt uses; none found: mmdebstrap's own.
+# apt sources for $release on the Debian mirrors this machine's apt uses; not Debian, or none
+# found: mmdebstrap's own.
 sources=()
 while read -r line; do sources+=("$line"); done < <(
+    (. /etc/os-release && [ "${ID:-}" = debian ]) || exit 0
     apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |
         sed -n -E "s#^([^ ]+) [a-z]+(-updates|-security)?\$#deb \\1 $release\\2 main#p" | sort -u)
 t=$(date +%s)

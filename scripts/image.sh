@@ -51,12 +51,34 @@ name=localhost/flannel-cni-rs
 work=$(mktemp -d /tmp/flannel-cni-rs-image.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# apt sources for $release on the mirrors this machine's apt uses (the host may run another
-# release): its plain, -updates and -security suites. None found: mmdebstrap's default mirror.
+# apt sources for $release on the Debian mirrors this machine's apt uses (the host may run
+# another release): its plain, -updates and -security suites. Not Debian, or none found:
+# mmdebstrap's default mirror.
 release_sources() {
+    (. /etc/os-release && [ "${ID:-}" = debian ]) || return 0
     apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 'Created-By: Packages' 2>/dev/null |
         sed -n -E "s#^([^ ]+) [a-z]+(-updates|-security)?\$#deb \\1 $release\\2 main#p" | sort -u
 }
+
+# The binaries as scripts/install.sh builds them (static, in the host triple's directory), so
+# that the demo's build and this one share their work.
+host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
+target=${CARGO_TARGET_DIR:-$top/target}/$host_triple/release
+if [ "$build" = 1 ]; then
+    [ -n "$host_triple" ] || { echo "no rustc to build with: install a Rust toolchain or give --no-build" >&2; exit 1; }
+    echo "building the static release binaries into $target"
+    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+        cargo build --release --locked --quiet --target "$host_triple" \
+        --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld
+fi
+mkdir -p "$work/context/cni"
+for p in flannel bridge host-local portmap loopback; do
+    [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
+    cp "$target/$p" "$work/context/cni/"
+done
+[ -x "$target/flanneld" ] || { echo "missing $target/flanneld: build first or drop --no-build" >&2; exit 1; }
+cp "$target/flanneld" "$work/context/"
+cp deploy/cni-install.sh "$work/context/"
 
 # An image of ours that a new build took the tags from is removed, not left dangling.
 image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
@@ -90,26 +112,6 @@ if [ "$rebuild_base" = 1 ] || [ -z "$old_base" ]; then
 else
     echo "base $base: already made (--rebuild-base makes it again)"
 fi
-
-# The binaries as scripts/install.sh builds them (static, in the host triple's directory), so
-# that the demo's build and this one share their work.
-host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
-target=${CARGO_TARGET_DIR:-$top/target}/$host_triple/release
-if [ "$build" = 1 ]; then
-    [ -n "$host_triple" ] || { echo "no rustc to build with: install a Rust toolchain or give --no-build" >&2; exit 1; }
-    echo "building the static release binaries into $target"
-    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-        cargo build --release --locked --quiet --target "$host_triple" \
-        --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld
-fi
-mkdir -p "$work/context/cni"
-for p in flannel bridge host-local portmap loopback; do
-    [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
-    cp "$target/$p" "$work/context/cni/"
-done
-[ -x "$target/flanneld" ] || { echo "missing $target/flanneld: build first or drop --no-build" >&2; exit 1; }
-cp "$target/flanneld" "$work/context/"
-cp deploy/cni-install.sh "$work/context/"
 
 # --no-cache: a cached layer would keep the labels of the build it came from.
 podman build --quiet --pull=never --no-cache -f deploy/Dockerfile.prebuilt \
