@@ -5,7 +5,10 @@
 # --kube leases from Node objects in the Kubernetes API server stand-in started there),
 # makes two pods per node through the plugins of the stock 10-flannel.conflist, has every pod
 # ping every other and talk TCP across nodes, prints what each node holds, and tears it all
-# down (--keep leaves it up and prints the command that removes it). With --dual-stack the
+# down (--keep leaves it up and prints the command that removes it). With --backend wireguard
+# each node's flanneld runs in a mount namespace of its own (its /run/wireguard, as on a machine
+# of its own), the tunnel is WireGuard's (the userspace one on a kernel without WireGuard) and
+# `wg show` is printed per node. With --dual-stack the
 # underlay, the network and every pod have IPv6 beside IPv4, and each family gets its own ping
 # table and TCP check. Everything happens in namespaces this script creates; the root namespace
 # is never touched.
@@ -13,7 +16,7 @@ set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: $0 [--etcd | --kube] [--backend vxlan|host-gw] [--dual-stack] [--keep] [--no-build | --debug]
+usage: $0 [--etcd | --kube] [--backend vxlan|host-gw|wireguard] [--dual-stack] [--keep] [--no-build | --debug]
   --etcd        leases in a real etcd started in the underlay namespace (default: the embedded registry)
   --kube        leases from Node objects (--kube-subnet-mgr) in the API server stand-in in the underlay
   --backend B   the network's backend (default vxlan)
@@ -34,7 +37,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --etcd) use_etcd=1; shift ;;
         --kube) use_kube=1; shift ;;
-        --backend) backend=${2:?--backend needs vxlan or host-gw}; shift 2 ;;
+        --backend) backend=${2:?--backend needs vxlan, host-gw or wireguard}; shift 2 ;;
         --dual-stack) dual=1; shift ;;
         --keep) keep=1; shift ;;
         --no-build) build=none; shift ;;
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
 done
-case "$backend" in vxlan|host-gw) ;; *) echo "--backend: vxlan or host-gw, not $backend" >&2; exit 2 ;; esac
+case "$backend" in vxlan|host-gw|wireguard) ;; *) echo "--backend: vxlan, host-gw or wireguard, not $backend" >&2; exit 2 ;; esac
 [ "$use_etcd$use_kube" = 11 ] && { echo "--etcd and --kube: one registry at a time" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "the demo creates network namespaces: run as root" >&2; exit 1; }
 
@@ -86,6 +89,10 @@ write_teardown() {
         echo 'done'
         echo "for p in ${pids[*]:-}; do"
         echo "    for _ in \$(seq 50); do grep -qs -- '$prefix' /proc/\$p/cmdline || break; sleep 0.1; done"
+        echo 'done'
+        # What the nodes' flanneld started and left running (the wireguard backend's tunnels).
+        echo "for ns in ${namespaces[*]:-}; do"
+        echo "    for p in \$(ip netns pids \$ns 2>/dev/null); do grep -qs -- '$prefix' /proc/\$p/cmdline && kill \$p; done"
         echo 'done'
         echo "for ns in ${namespaces[*]:-}; do ip netns del \$ns 2>/dev/null; done"
         echo "rm -rf '$prefix'"
@@ -172,7 +179,7 @@ case "$build" in
     debug) step "build (debug) and install into $prefix"
         (cd "$top" && cargo build --workspace --bins --quiet)
         mkdir -p "$prefix/bin" "$prefix/net.d"
-        for b in flannel bridge host-local portmap loopback flanneld; do
+        for b in flannel bridge host-local portmap loopback flanneld flannel-wireguard; do
             install -m 0755 "${CARGO_TARGET_DIR:-$top/target}/debug/$b" "$prefix/bin/$b"
         done
         install -m 0644 "$top"/testdata/*.conflist "$prefix/net.d/" ;;
@@ -241,7 +248,7 @@ yaml_blocks() {
 # Node n's Node object: its podCIDRs, as the controller manager's node IPAM gives them.
 node_object() {
     local n=$1 cidrs="\"${network%.0.0/16}.$n.0/24\""
-    [ "$dual" = 1 ] && cidrs="$cidrs,\"${network6%::/48}:$n::/64\""
+    [ "$dual" = 1 ] && cidrs="$cidrs,\"${network6%::/48}:0:$n::/64\""
     echo "{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{\"name\":\"node$n\"},\"spec\":{\"podCIDRs\":[$cidrs]}}"
 }
 node_env=()
@@ -288,10 +295,43 @@ else
     registry_args=(--registry-dir "$prefix/registry")
 fi
 
+if [ "$backend" = wireguard ]; then
+    # flanneld runs its userspace tunnel from beside itself; `wg` shows it.
+    if [ "$build" != debug ]; then
+        tdir=${CARGO_TARGET_DIR:-$top/target}
+        host=$(rustc -vV | sed -n 's/^host: //p')
+        tunnel=$tdir/$host/release/flannel-wireguard
+        [ -x "$tunnel" ] || tunnel=$tdir/release/flannel-wireguard
+        [ -x "$tunnel" ] || (cd "$top" && cargo build --release --locked --quiet -p flannel-wireguard)
+        cp "$tunnel" "$prefix/bin/flannel-wireguard"
+    fi
+    if ! command -v wg >/dev/null; then
+        echo "installing wireguard-tools (wg) for --backend wireguard"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wireguard-tools >/dev/null
+    fi
+fi
+
+# wireguard: each node's own /run/wireguard (its tunnels' sockets, where `wg` looks), in a mount
+# namespace held by a sleeping process, and its own key file.
+declare -A holders=()
+in_machine() { local n=$1; shift; nsenter --mount="/proc/${holders[$n]}/ns/mnt" --net="/run/netns/$(node_ns "$n")" "$@"; }
 step "flanneld on every node: a lease, subnet.env, then the $backend entries for the other nodes"
 for n in "${nodes[@]}"; do
+    node_env=()
     [ "$use_kube" = 1 ] && node_env=(NODE_NAME="node$n")
-    nsenter --net="/run/netns/$(node_ns "$n")" env "${node_env[@]}" "$prefix/bin/flanneld" "${registry_args[@]}" --iface eth0 \
+    mounts=()
+    if [ "$backend" = wireguard ]; then
+        mkdir -p /run/wireguard
+        unshare -m --propagation private bash -c \
+            'mount -t tmpfs wireguard /run/wireguard && exec -a "$0" sleep infinity' "$prefix/node$n/mounts" &
+        holders[$n]=$!
+        pids+=($!)
+        for _ in $(seq 50); do grep -qs ' /run/wireguard ' "/proc/${holders[$n]}/mountinfo" && break; sleep 0.1; done
+        mounts=(--mount="/proc/${holders[$n]}/ns/mnt")
+        node_env+=(WIREGUARD_KEY_FILE="$prefix/node$n/wgkey")
+    fi
+    nsenter "${mounts[@]}" --net="/run/netns/$(node_ns "$n")" env "${node_env[@]}" "$prefix/bin/flanneld" "${registry_args[@]}" --iface eth0 \
         --subnet-file "$prefix/node$n/subnet.env" --ip-masq 2>"$prefix/node$n/flanneld.log" &
     pids+=($!)
 done
@@ -322,8 +362,13 @@ for n in "${nodes[@]}"; do
         for dst in "${dsts[@]}"; do
             family=-4
             [[ $dst == *:* ]] && family=-6
-            for _ in $(seq 100); do [ -n "$(in_node "$n" ip "$family" route show "$dst")" ] && break; sleep 0.1; done
-            [ -n "$(in_node "$n" ip "$family" route show "$dst")" ] || {
+            # wireguard: one route for the whole network; the subnet is a peer's allowed IPs.
+            routed() {
+                if [ "$backend" = wireguard ]; then in_machine "$n" wg show all allowed-ips | awk -v d="$dst" '{ for (i = 3; i <= NF; i++) if ($i == d) f = 1 } END { exit !f }'
+                else [ -n "$(in_node "$n" ip "$family" route show "$dst")" ]; fi
+            }
+            for _ in $(seq 100); do routed && break; sleep 0.1; done
+            routed || {
                 tail -n 20 "$prefix/node$n/flanneld.log" >&2
                 fail "node $n: no route to node $m's subnet $dst within 10 s"
             }
@@ -428,12 +473,16 @@ for n in "${nodes[@]}"; do
     printf '\n  node %s (%s, %s.%s)\n' "$n" "$(node_ns "$n")" "$net" "$n"
     if [ "$use_etcd" = 1 ]; then
         printf '    lease %s: %s\n' "$key" "$(etcdctl get --print-value-only "/coreos.com/network/subnets/$key")"
+    elif [ "$use_kube" = 1 ]; then
+        printf '    lease %s: Node node%s'"'"'s podCIDRs and annotations (shown above)\n' "$key" "$n"
     else
         printf '    lease %s: %s\n' "$key" "$(cat "$prefix/registry/subnets/$key")"
     fi
     show in_node "$n" ip route
     [ "$dual" = 1 ] && show in_node "$n" ip -6 route show root "$network6"
-    if in_node "$n" ip link show flannel.1 >/dev/null 2>&1; then
+    if [ "$backend" = wireguard ]; then
+        show in_machine "$n" wg show
+    elif in_node "$n" ip link show flannel.1 >/dev/null 2>&1; then
         show in_node "$n" ip neigh show dev flannel.1
         show in_node "$n" bridge fdb show dev flannel.1
         if [ "$dual" = 1 ]; then
