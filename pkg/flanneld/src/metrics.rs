@@ -15,6 +15,8 @@ pub struct Metrics {
     pub nexthops: AtomicU64,
     /// The route style: 0 none (nothing programmed), 1 plain, 2 through nexthop objects.
     pub route_style: AtomicU64,
+    /// The wireguard backend's tunnel: 0 none, 1 the kernel's, 2 the userspace one.
+    pub wireguard_tunnel: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_micros: AtomicU64,
     pub repaired_routes: AtomicU64,
@@ -34,6 +36,7 @@ pub static METRICS: Metrics = Metrics {
     fdb: AtomicU64::new(0),
     nexthops: AtomicU64::new(0),
     route_style: AtomicU64::new(0),
+    wireguard_tunnel: AtomicU64::new(0),
     reconcile_runs: AtomicU64::new(0),
     reconcile_micros: AtomicU64::new(0),
     repaired_routes: AtomicU64::new(0),
@@ -92,6 +95,17 @@ impl Metrics {
             &[
                 ("{style=\"plain\"}", u64::from(style == 1)),
                 ("{style=\"nexthop\"}", u64::from(style == 2)),
+            ],
+        );
+        let tunnel = g(&self.wireguard_tunnel);
+        family(
+            &mut out,
+            "flanneld_wireguard_tunnel",
+            "gauge",
+            "Which WireGuard carries the wireguard backend's tunnel: 1 for the one in use (none with another backend).",
+            &[
+                ("{tunnel=\"kernel\"}", u64::from(tunnel == 1)),
+                ("{tunnel=\"userspace\"}", u64::from(tunnel == 2)),
             ],
         );
         family(
@@ -166,7 +180,12 @@ mod tests {
         add(&m.repaired_routes, 2);
         add(&m.reconcile_micros, 1_500_000);
         set(&m.route_style, 2);
+        set(&m.wireguard_tunnel, 2);
         let text = m.render();
+        assert!(
+            text.contains("flanneld_wireguard_tunnel{tunnel=\"kernel\"} 0\nflanneld_wireguard_tunnel{tunnel=\"userspace\"} 1\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "flanneld_route_style{style=\"plain\"} 0\nflanneld_route_style{style=\"nexthop\"} 1\n"

@@ -445,6 +445,11 @@ impl WgDevice {
         })?;
         if self.shared.tunnel.set(mode).is_ok() {
             info!("wireguard: {mode} tunnel ({why})");
+            let gauge = match mode {
+                TunnelMode::Kernel => 1,
+                TunnelMode::Userspace => 2,
+            };
+            crate::metrics::set(&crate::metrics::METRICS.wireguard_tunnel, gauge);
         }
         Ok(mode)
     }
