@@ -89,9 +89,9 @@ between pods on one node's bridge then bypasses iptables, so kube-proxy's Servic
 network policies may not see it (modprobe br_netfilter where they are used)";
 
 /// Brings the node up for `purpose`; each step's finding goes to `say`.
-pub async fn prepare<R: Registry>(
+pub async fn prepare(
     settings: &Settings,
-    reg: &R,
+    reg: &dyn Registry,
     ifaces: &Interfaces,
     purpose: &Purpose,
     say: &mut (dyn FnMut(Note) + Send),
@@ -101,6 +101,7 @@ pub async fn prepare<R: Registry>(
         Purpose::Examine => read_config(reg).await?,
     };
     say(Note::new("config", Level::Fine, describe_config(&cfg)));
+    reg.use_config(&cfg);
     let examine = matches!(purpose, Purpose::Examine);
     let mut wanted = settings.wanted.clone();
     reg.public_ips(&mut wanted).await;
@@ -138,7 +139,7 @@ fn describe_config(cfg: &NetConfig) -> String {
 }
 
 /// The network config as the registry has it now.
-async fn read_config<R: Registry>(reg: &R) -> Result<NetConfig, StartError> {
+async fn read_config(reg: &dyn Registry) -> Result<NetConfig, StartError> {
     match reg.config().await {
         Ok(Some(bytes)) => parse_config(reg, &bytes),
         Ok(None) => Err(StartError::NoConfig(reg.config_location())),
@@ -149,7 +150,7 @@ async fn read_config<R: Registry>(reg: &R) -> Result<NetConfig, StartError> {
     }
 }
 
-fn parse_config<R: Registry>(reg: &R, bytes: &[u8]) -> Result<NetConfig, StartError> {
+fn parse_config(reg: &dyn Registry, bytes: &[u8]) -> Result<NetConfig, StartError> {
     config::parse(&String::from_utf8_lossy(bytes)).map_err(|mut e| {
         e.reason = format!("{} (in {})", e.reason, reg.config_location());
         StartError::Config(e)
@@ -158,7 +159,7 @@ fn parse_config<R: Registry>(reg: &R, bytes: &[u8]) -> Result<NetConfig, StartEr
 
 /// The network config, waited for while there is none or the registry does not answer; each
 /// trouble is logged when it starts, not at every retry.
-async fn wait_for_config<R: Registry>(reg: &R) -> Result<NetConfig, StartError> {
+async fn wait_for_config(reg: &dyn Registry) -> Result<NetConfig, StartError> {
     let mut trouble = Retrying::default();
     loop {
         let what = match reg.config().await {
@@ -281,9 +282,9 @@ fn unix_secs(t: SystemTime) -> u64 {
 }
 
 /// The daemon's lease: the devices made first, so that what identifies them goes into it.
-async fn take_lease<R: Registry>(
+async fn take_lease(
     settings: &Settings,
-    reg: &R,
+    reg: &dyn Registry,
     ground: &Ground,
     conn: Option<&Conn>,
 ) -> Result<(Lease, Option<SystemTime>), StartError> {
@@ -316,15 +317,21 @@ async fn take_lease<R: Registry>(
         attrs: &attrs,
         ttl: settings.ttl,
     };
-    let (key, expiry) = reg.acquire(&request).await.map_err(StartError::Lease)?;
-    tracing::info!("leased subnet {key} in {}", reg.describe());
-    metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
-    Ok((Lease { key, attrs }, Some(expiry)))
+    let acquired = reg.acquire(&request).await.map_err(StartError::Lease)?;
+    tracing::info!("leased subnet {} in {}", acquired.key, reg.describe());
+    if let Some(expiry) = acquired.expiry {
+        metrics::set(&METRICS.lease_expiry, unix_secs(expiry));
+    }
+    let own = Lease {
+        key: acquired.key,
+        attrs,
+    };
+    Ok((own, acquired.expiry))
 }
 
 /// `doctor`'s lease: the listed one that carries this node's address, and the others.
-async fn find_lease<R: Registry>(
-    reg: &R,
+async fn find_lease(
+    reg: &dyn Registry,
     ground: &Ground,
     say: &mut (dyn FnMut(Note) + Send),
 ) -> Result<(Lease, Option<SystemTime>, Leases), StartError> {

@@ -5,12 +5,12 @@
 use crate::bringup::{prepare, Level, Note, Purpose};
 use crate::error::{LeaseLost, StartError};
 use crate::iface::Interfaces;
-use crate::lease::SubnetKey;
+use crate::lease::{Lease, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::reconcile::Reconciler;
 use crate::registry::{list_until_ok, Change, Registry, WatchEnd};
 use crate::settings::Settings;
-use crate::view::{LeaseView, Outcome};
+use crate::view::{warn_skipped, LeaseView, Outcome};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -48,17 +48,10 @@ fn unix_secs(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn log_bad(outcome: &Outcome, where_: &str) {
-    for b in &outcome.bad {
-        warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
-    }
-}
-
 /// Renews the lease before it expires, forever.
-async fn renew_forever<R: Registry>(
-    reg: Arc<R>,
-    key: SubnetKey,
-    value: String,
+async fn renew_forever(
+    reg: Arc<dyn Registry>,
+    lease: Lease,
     mut expiry: SystemTime,
     ttl: Duration,
     margin: Duration,
@@ -70,7 +63,8 @@ async fn renew_forever<R: Registry>(
         tokio::time::sleep(wait).await;
         let mut trouble = crate::registry::cause::Retrying::default();
         loop {
-            match reg.renew(&key, &value, ttl).await {
+            let key = lease.key;
+            match reg.renew(&lease, ttl).await {
                 Ok(e) => {
                     expiry = e;
                     metrics::set(&METRICS.lease_expiry, unix_secs(e));
@@ -93,8 +87,8 @@ async fn renew_forever<R: Registry>(
 
 /// Follows every other node's lease into `events`, the first listing as one batch even when
 /// it is empty; returns when this node's lease is gone.
-async fn follow<R: Registry>(
-    reg: Arc<R>,
+async fn follow(
+    reg: Arc<dyn Registry>,
     own: SubnetKey,
     events: mpsc::Sender<Vec<crate::view::Event>>,
 ) -> LeaseLost {
@@ -115,7 +109,7 @@ async fn follow<R: Registry>(
                 .map(|e| (e.key.as_str(), e.value.as_slice())),
         );
         for b in &listing.bad {
-            warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
+            warn_skipped(b, &where_);
         }
         let listed = std::mem::take(&mut first_listing);
         if let Some(lost) = deliver(outcome, &where_, own, &events, listed).await {
@@ -167,7 +161,7 @@ fn apply_change(view: &mut LeaseView, change: Change, where_: &str) -> Outcome {
         Change::Delete(k) => view.delete(&k),
         Change::Snapshot(l) => {
             for b in &l.bad {
-                warn!("skipping lease {} in {where_}: {}", b.key, b.reason);
+                warn_skipped(b, where_);
             }
             view.resync(
                 l.entries
@@ -187,7 +181,9 @@ async fn deliver(
     events: &mpsc::Sender<Vec<crate::view::Event>>,
     always: bool,
 ) -> Option<LeaseLost> {
-    log_bad(&outcome, where_);
+    for b in &outcome.bad {
+        warn_skipped(b, where_);
+    }
     for e in &outcome.events {
         match e {
             crate::view::Event::Added(l) => info!("lease added: {l}"),
@@ -212,8 +208,8 @@ fn log_note(n: Note) {
 }
 
 /// Runs until stopped or the lease is lost.
-pub async fn run<R: Registry>(
-    reg: Arc<R>,
+pub async fn run(
+    reg: Arc<dyn Registry>,
     settings: &Settings,
     ifaces: Interfaces,
     ready: Arc<AtomicBool>,
@@ -224,8 +220,8 @@ pub async fn run<R: Registry>(
     }
 }
 
-async fn serve<R: Registry>(
-    reg: Arc<R>,
+async fn serve(
+    reg: Arc<dyn Registry>,
     settings: &Settings,
     ifaces: Interfaces,
     ready: Arc<AtomicBool>,
@@ -239,8 +235,7 @@ async fn serve<R: Registry>(
     let renewer = up.expiry.map(|expiry| {
         tokio::spawn(renew_forever(
             reg.clone(),
-            key,
-            up.own.attrs.encode(),
+            up.own,
             expiry,
             settings.ttl,
             settings.renew_margin,
@@ -286,7 +281,8 @@ async fn stop_signal() -> &'static str {
 mod tests {
     use super::*;
 
-    use crate::registry::{Entry, Listing, RegistryError};
+    use crate::registry::{Acquired, Entry, LeaseRequest, Listing, RegistryError};
+    use futures::future::BoxFuture;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
 
@@ -308,50 +304,41 @@ mod tests {
         fn config_location(&self) -> String {
             "nowhere".into()
         }
-        async fn config(&self) -> crate::registry::Result<Option<Vec<u8>>> {
-            Ok(None)
+        fn config(&self) -> BoxFuture<'_, crate::registry::Result<Option<Vec<u8>>>> {
+            Box::pin(async { Ok(None) })
         }
-        async fn list(&self) -> crate::registry::Result<Listing> {
+        fn acquire<'a>(
+            &'a self,
+            _: &'a LeaseRequest<'a>,
+        ) -> BoxFuture<'a, crate::registry::Result<Acquired>> {
+            Box::pin(async { Err(RegistryError::DoesNotExpire(self.describe())) })
+        }
+        fn list(&self) -> BoxFuture<'_, crate::registry::Result<Listing>> {
             self.lists.fetch_add(1, Ordering::SeqCst);
-            Ok(Listing {
-                entries: self.entries.lock().map(|e| e.clone()).unwrap_or_default(),
-                bad: Vec::new(),
-                revision: 7,
+            let entries = self.entries.lock().map(|e| e.clone()).unwrap_or_default();
+            Box::pin(async move {
+                Ok(Listing {
+                    entries,
+                    bad: Vec::new(),
+                    revision: 7,
+                })
             })
         }
-        async fn create(
-            &self,
-            k: &SubnetKey,
-            _: &str,
-            _: Duration,
-            _: i64,
-        ) -> crate::registry::Result<SystemTime> {
-            Err(RegistryError::Exists(*k))
-        }
-        async fn renew(
-            &self,
-            _: &SubnetKey,
-            _: &str,
-            _: Duration,
-        ) -> crate::registry::Result<SystemTime> {
-            Ok(SystemTime::now())
-        }
-        async fn delete(&self, _: &SubnetKey) -> crate::registry::Result<()> {
-            Ok(())
-        }
-        async fn watch(&self, _: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
-            if self.watches.fetch_add(1, Ordering::SeqCst) == 0 {
-                // Meanwhile another node joined; the compacted watch never says so.
-                if let Ok(mut e) = self.entries.lock() {
-                    e.push(Entry {
-                        key: "10.5.3.0-24".into(),
-                        value: LATE.as_bytes().to_vec(),
-                    });
+        fn watch(&self, _: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
+            Box::pin(async move {
+                if self.watches.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // Meanwhile another node joined; the compacted watch never says so.
+                    if let Ok(mut e) = self.entries.lock() {
+                        e.push(Entry {
+                            key: "10.5.3.0-24".into(),
+                            value: LATE.as_bytes().to_vec(),
+                        });
+                    }
+                    return WatchEnd::Compacted(9);
                 }
-                return WatchEnd::Compacted(9);
-            }
-            let _ = tx;
-            std::future::pending().await
+                let _ = tx;
+                std::future::pending().await
+            })
         }
     }
 

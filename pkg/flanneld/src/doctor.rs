@@ -47,8 +47,8 @@ fn finding(n: Note) -> Finding {
 }
 
 /// One look: the findings, and the node and its planes' plans when it got that far.
-async fn look<R: Registry>(
-    reg: &R,
+async fn look(
+    reg: &dyn Registry,
     settings: &Settings,
     ifaces: &Interfaces,
 ) -> (Report, Option<(Prepared, Vec<Looked>)>) {
@@ -87,8 +87,8 @@ fn others(up: &Prepared) -> Others {
 
 /// The whole check; with `fix`, when anything is wrong, every plan it printed applied, and
 /// a second look.
-pub async fn examine<R: Registry>(
-    reg: &R,
+pub async fn examine(
+    reg: &dyn Registry,
     settings: &Settings,
     ifaces: &Interfaces,
     fix: bool,

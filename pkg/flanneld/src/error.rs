@@ -30,7 +30,7 @@ pub enum StartError {
     /// The kernel refused what the backend needs before the lease is taken (its device).
     Kernel(cni_kernel::Error),
     /// The registry's lease cannot serve this network config (a podCIDR outside `Network`).
-    Lease(String),
+    Lease(RegistryError),
     /// `--ip-masq` asks for rules no installed tool can write.
     Firewall(cni_kernel::Error),
 }
@@ -47,7 +47,7 @@ impl fmt::Display for StartError {
             StartError::Interface(e) => e.fmt(f),
             StartError::Backend(why) => why.fmt(f),
             StartError::Kernel(e) => e.fmt(f),
-            StartError::Lease(why) => f.write_str(why),
+            StartError::Lease(why) => why.fmt(f),
             StartError::Firewall(e) => write!(f, "--ip-masq: {e}"),
         }
     }

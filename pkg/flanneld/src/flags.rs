@@ -14,7 +14,9 @@ fn go_bool(s: &str) -> Result<bool, String> {
 }
 
 fn annotation_prefix(s: &str) -> Result<String, String> {
-    crate::registry::kube::Annotations::new(s).map(|_| s.to_string())
+    crate::registry::kube::Annotations::new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 fn regex(s: &str) -> Result<regex::Regex, String> {

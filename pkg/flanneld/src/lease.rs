@@ -98,6 +98,15 @@ impl SubnetKey {
         v4 || v6
     }
 
+    /// The key with `subnet` as its subnet of that subnet's family.
+    pub fn with(mut self, subnet: IpNetwork) -> SubnetKey {
+        match subnet {
+            IpNetwork::V4(n) => self.ipv4 = Some(n),
+            IpNetwork::V6(n) => self.ipv6 = Some(n),
+        }
+        self
+    }
+
     /// The subnet of one family, if the lease holds one.
     pub fn subnet(&self, family: IpFamily) -> Option<IpNetwork> {
         match family {

@@ -5,11 +5,8 @@ use flanneld::daemon::{self, Exit};
 use flanneld::doctor;
 use flanneld::flags::{normalise_args, Flags};
 use flanneld::iface::Interfaces;
-use flanneld::registry::dir::DirRegistry;
-use flanneld::registry::etcd::EtcdRegistry;
-use flanneld::registry::kube::KubeRegistry;
-use flanneld::registry::Registry;
-use flanneld::settings::{go_environment, RegistryChoice, Settings};
+use flanneld::registry;
+use flanneld::settings::{go_environment, Settings};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -140,45 +137,15 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
         }
         info!("health endpoints on http://{addr}/healthz and /readyz");
     }
-    let exit = match &settings.registry {
-        RegistryChoice::Dir { root, net_config } => match DirRegistry::open(root, net_config) {
-            Ok(reg) => run(Arc::new(reg), settings, ifaces, ready).await,
-            Err(e) => {
-                error!("--registry-dir {}: {e}", root.display());
-                return ExitCode::from(2);
-            }
-        },
-        RegistryChoice::Etcd { options, .. } => {
-            if let Err(e) = EtcdRegistry::connect_options(options) {
-                error!("{e}");
-                return ExitCode::from(2);
-            }
-            let mut trouble = flanneld::registry::cause::Retrying::default();
-            let reg = loop {
-                match EtcdRegistry::connect(options.clone()).await {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        let e = e.to_string();
-                        if trouble.failed(&e) {
-                            warn!("{e}; retrying every second");
-                        }
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                }
-            };
-            run(Arc::new(reg), settings, ifaces, ready).await
-        }
-        RegistryChoice::Kube(options) => {
-            let reg = match KubeRegistry::open(options).await {
-                Ok(r) => r,
-                Err(e) => {
-                    error!("{e}");
-                    return ExitCode::from(2);
-                }
-            };
-            run(Arc::new(reg), settings, ifaces, ready).await
+    let reg = match registry::open(&settings.registry).await {
+        Ok(r) => r,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
         }
     };
+    info!("registry: {}", reg.describe());
+    let exit = daemon::run(reg, settings, ifaces, ready).await;
     match exit {
         Exit::Stopped => ExitCode::SUCCESS,
         Exit::BadStart(why) => {
@@ -192,43 +159,16 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
     }
 }
 
-async fn run<R: Registry>(
-    reg: Arc<R>,
-    settings: &Settings,
-    ifaces: Interfaces,
-    ready: Arc<AtomicBool>,
-) -> Exit {
-    info!("registry: {}", reg.describe());
-    daemon::run(reg, settings, ifaces, ready).await
-}
-
 /// `flanneld doctor`: one look at the registry and the kernel, no daemon.
 async fn doctor_run(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
-    let report = match &settings.registry {
-        RegistryChoice::Dir { root, net_config } => match DirRegistry::open(root, net_config) {
-            Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
-            Err(e) => {
-                error!("--registry-dir {}: {e}", root.display());
-                return ExitCode::from(2);
-            }
-        },
-        RegistryChoice::Etcd { options, .. } => {
-            match EtcdRegistry::connect(options.clone()).await {
-                Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
-                Err(e) => {
-                    error!("{e}");
-                    return ExitCode::from(1);
-                }
-            }
+    let reg = match registry::open(&settings.registry).await {
+        Ok(r) => r,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
         }
-        RegistryChoice::Kube(options) => match KubeRegistry::open(options).await {
-            Ok(reg) => doctor::examine(&reg, settings, &ifaces, flags.fix).await,
-            Err(e) => {
-                error!("{e}");
-                return ExitCode::from(1);
-            }
-        },
     };
+    let report = doctor::examine(reg.as_ref(), settings, &ifaces, flags.fix).await;
     if flags.json {
         println!(
             "{}",

@@ -6,78 +6,12 @@ use crate::iface::Wanted;
 pub use crate::masq::MasqOptions;
 use crate::registry::etcd::EtcdOptions;
 use crate::registry::kube::KubeOptions;
+pub use crate::registry::RegistryChoice;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// flanneld's etcd endpoints when neither etcd endpoints nor another registry are named.
 pub const DEFAULT_ETCD_ENDPOINTS: [&str; 2] = ["http://127.0.0.1:4001", "http://127.0.0.1:2379"];
-
-/// Where leases live.
-#[derive(Debug, Clone)]
-pub enum RegistryChoice {
-    /// etcd v3; `defaulted` when no endpoint was named and flanneld's default is used.
-    Etcd {
-        options: EtcdOptions,
-        defaulted: bool,
-    },
-    /// The embedded registry: a directory shared by the daemons of one machine
-    /// (`--registry-dir`), the network config falling back to `--net-config-path`.
-    Dir { root: PathBuf, net_config: PathBuf },
-    /// The Kubernetes API (`--kube-subnet-mgr`): a node's subnet is its podCIDR, the network
-    /// config is `--net-config-path`.
-    Kube(KubeOptions),
-}
-
-impl RegistryChoice {
-    /// The first log line: where leases live, and why there.
-    pub fn describe(&self) -> String {
-        match self {
-            RegistryChoice::Dir { root, .. } => format!(
-                "--registry-dir given: using the embedded registry in {}",
-                root.display()
-            ),
-            RegistryChoice::Etcd {
-                options,
-                defaulted: true,
-            } => format!(
-                "no --etcd-endpoints or --registry-dir given: leases in etcd at flanneld's \
-                 default endpoints {} under {}",
-                options.endpoints.join(","),
-                options.prefix
-            ),
-            RegistryChoice::Etcd { options, .. } => format!(
-                "leases in etcd at {} under {}",
-                options.endpoints.join(","),
-                options.prefix
-            ),
-            RegistryChoice::Kube(k) => format!(
-                "--kube-subnet-mgr given: leases from Node objects in the Kubernetes API ({}), \
-                 annotations under {}",
-                match (&k.api_url, &k.kubeconfig) {
-                    (_, Some(path)) => format!("kubeconfig {}", path.display()),
-                    (Some(url), None) => url.clone(),
-                    (None, None) => "in-cluster configuration".into(),
-                },
-                k.annotation_prefix
-            ),
-        }
-    }
-}
-
-impl RegistryChoice {
-    /// What a start without a lease waits for, for systemd's status line.
-    pub fn waited_for(&self) -> String {
-        match self {
-            RegistryChoice::Dir { root, .. } => format!("the network config in {}", root.display()),
-            RegistryChoice::Etcd { options, .. } => {
-                format!("etcd at {}", options.endpoints.join(","))
-            }
-            RegistryChoice::Kube(_) => {
-                "the Kubernetes API (this node's Node and its podCIDR)".to_string()
-            }
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct Settings {

@@ -21,6 +21,12 @@ pub struct BadEntry {
     pub reason: String,
 }
 
+/// Says that an entry of the registry at `where_` is no lease, and is skipped: the daemon
+/// never dies of bad data from outside.
+pub fn warn_skipped(bad: &BadEntry, where_: &str) {
+    tracing::warn!("skipping lease {} in {where_}: {}", bad.key, bad.reason);
+}
+
 /// What one change did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outcome {

@@ -3,9 +3,13 @@
 //! value and its expiry; writes go through a temporary file and a rename under an exclusive
 //! lock, and whoever reads an expired lease removes it.
 
-use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
-use crate::lease::SubnetKey;
+use super::{
+    choose_and_create, Acquired, Change, Entry, KeyValue, LeaseRequest, Listing, Registry,
+    RegistryError, Result, WatchEnd,
+};
+use crate::lease::{Lease, SubnetKey};
 use crate::view::BadEntry;
+use futures::future::BoxFuture;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -36,8 +40,19 @@ pub struct DirRegistry {
     fallback_config: PathBuf,
 }
 
-fn failed(what: impl std::fmt::Display, e: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Failed(format!("{what}: {e}"))
+/// `what` on `path` failed.
+fn file(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError {
+    let path = path.to_path_buf();
+    move |source| RegistryError::File { what, path, source }
+}
+
+/// Why a file of the directory is no lease file: outside data, logged and skipped.
+#[derive(Debug, thiserror::Error)]
+enum BadLeaseFile {
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+    #[error("not a lease file: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
 fn epoch_secs(t: SystemTime) -> u64 {
@@ -53,8 +68,9 @@ impl DirRegistry {
             root: root.to_path_buf(),
             fallback_config: fallback_config.to_path_buf(),
         };
-        fs::create_dir_all(reg.subnets())
-            .map_err(|e| failed(format!("creating {}", reg.subnets().display()), e))?;
+        let subnets = reg.subnets();
+        fs::create_dir_all(&subnets)
+            .map_err(file("creating the --registry-dir directory", &subnets))?;
         Ok(reg)
     }
 
@@ -70,25 +86,24 @@ impl DirRegistry {
             .write(true)
             .mode(0o644)
             .open(&path)
-            .map_err(|e| failed(format!("opening {}", path.display()), e))?;
+            .map_err(file("opening", &path))?;
         Flock::lock(file, FlockArg::LockExclusive)
-            .map_err(|(_, e)| failed(format!("locking {}", path.display()), e))
+            .map_err(|(_, source)| RegistryError::Lock { path, source })
     }
 
-    fn read_lease(path: &Path) -> std::result::Result<LeaseFile, String> {
-        let bytes = fs::read(path).map_err(|e| e.to_string())?;
-        serde_json::from_slice(&bytes).map_err(|e| format!("not a lease file: {e}"))
+    fn read_lease(path: &Path) -> std::result::Result<LeaseFile, BadLeaseFile> {
+        Ok(serde_json::from_slice(&fs::read(path)?)?)
     }
 
     fn write_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let expires = SystemTime::now() + ttl;
-        let lease = RawValue::from_string(value.to_string())
-            .map_err(|e| failed(format!("lease value for {key}"), e))?;
+        let bad_value = |source| RegistryError::Value { key: *key, source };
+        let lease = RawValue::from_string(value.to_string()).map_err(bad_value)?;
         let body = serde_json::to_vec(&LeaseFile {
             expiration: epoch_secs(expires),
             lease,
         })
-        .map_err(|e| failed(format!("encoding lease {key}"), e))?;
+        .map_err(bad_value)?;
         let path = self.subnets().join(key.to_string());
         let tmp = self.subnets().join(format!(".{key}.tmp"));
         let write = || -> std::io::Result<()> {
@@ -102,13 +117,13 @@ impl DirRegistry {
             f.sync_all()?;
             fs::rename(&tmp, &path)
         };
-        write().map_err(|e| failed(format!("writing {}", path.display()), e))?;
+        write().map_err(file("writing", &path))?;
         Ok(expires)
     }
 
     fn list_now(&self) -> Result<Listing> {
         let dir = self.subnets();
-        let rd = fs::read_dir(&dir).map_err(|e| failed(format!("listing {}", dir.display()), e))?;
+        let rd = fs::read_dir(&dir).map_err(file("listing", &dir))?;
         let now = epoch_secs(SystemTime::now());
         let mut listing = Listing::default();
         let mut expired = Vec::new();
@@ -125,7 +140,7 @@ impl DirRegistry {
                 }),
                 Err(reason) => listing.bad.push(BadEntry {
                     key: ent.path().display().to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }
@@ -148,7 +163,7 @@ impl DirRegistry {
         let _lock = self.lock()?;
         let now = epoch_secs(SystemTime::now());
         let dir = self.subnets();
-        let rd = fs::read_dir(&dir).map_err(|e| failed(format!("listing {}", dir.display()), e))?;
+        let rd = fs::read_dir(&dir).map_err(file("listing", &dir))?;
         // Any live lease sharing either subnet, under its own key or another one.
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
@@ -171,18 +186,16 @@ impl DirRegistry {
         f: impl FnOnce(DirRegistry) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let me = self.clone();
-        tokio::task::spawn_blocking(move || f(me))
-            .await
-            .map_err(|e| failed("registry task", e))?
+        tokio::task::spawn_blocking(move || f(me)).await?
     }
 }
 
-impl Registry for DirRegistry {
-    fn describe(&self) -> String {
+impl DirRegistry {
+    pub fn describe(&self) -> String {
         format!("the embedded registry in {}", self.root.display())
     }
 
-    fn config_location(&self) -> String {
+    pub fn config_location(&self) -> String {
         format!(
             "{} or {}",
             self.root.join("config").display(),
@@ -190,34 +203,33 @@ impl Registry for DirRegistry {
         )
     }
 
-    async fn config(&self) -> Result<Option<Vec<u8>>> {
+    async fn read_config(&self) -> Result<Option<Vec<u8>>> {
         for path in [self.root.join("config"), self.fallback_config.clone()] {
             match tokio::fs::read(&path).await {
                 Ok(b) => return Ok(Some(b)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(failed(format!("reading {}", path.display()), e)),
+                Err(e) => return Err(file("reading", &path)(e)),
             }
         }
         Ok(None)
     }
 
-    async fn list(&self) -> Result<Listing> {
+    async fn list_leases(&self) -> Result<Listing> {
         self.blocking(|r| r.list_now()).await
     }
 
-    async fn create(
+    async fn create_lease(
         &self,
         key: &SubnetKey,
         value: &str,
         ttl: Duration,
-        _: i64,
     ) -> Result<SystemTime> {
         let (key, value) = (*key, value.to_string());
         self.blocking(move |r| r.create_now(&key, &value, ttl))
             .await
     }
 
-    async fn renew(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+    async fn put_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let (key, value) = (*key, value.to_string());
         self.blocking(move |r| {
             let _lock = r.lock()?;
@@ -226,14 +238,14 @@ impl Registry for DirRegistry {
         .await
     }
 
-    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+    async fn delete_lease(&self, key: &SubnetKey) -> Result<()> {
         let path = self.subnets().join(key.to_string());
         self.blocking(move |r| {
             let _lock = r.lock()?;
             match fs::remove_file(&path) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(failed(format!("removing {}", path.display()), e)),
+                Err(e) => Err(file("removing", &path)(e)),
             }
         })
         .await
@@ -241,13 +253,13 @@ impl Registry for DirRegistry {
 
     /// Polls the directory and sends the whole set whenever a lease's value changed, one
     /// appeared, or one went (deleted or expired).
-    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+    async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
         let mut last: Option<BTreeMap<String, Vec<u8>>> = None;
         let mut ticker = tokio::time::interval(POLL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let listing = match self.list().await {
+            let listing = match self.list_leases().await {
                 Ok(l) => l,
                 Err(e) => return WatchEnd::Broken(e.to_string()),
             };
@@ -274,6 +286,56 @@ impl Registry for DirRegistry {
     }
 }
 
+impl Registry for DirRegistry {
+    fn describe(&self) -> String {
+        DirRegistry::describe(self)
+    }
+
+    fn config_location(&self) -> String {
+        DirRegistry::config_location(self)
+    }
+
+    fn config(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
+        Box::pin(self.read_config())
+    }
+
+    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Acquired>> {
+        Box::pin(async move { Ok(choose_and_create(self, req).await) })
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<SystemTime>> {
+        Box::pin(async move { self.put_lease(&lease.key, &lease.attrs.encode(), ttl).await })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Listing>> {
+        Box::pin(self.list_leases())
+    }
+
+    fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
+        Box::pin(self.follow(tx))
+    }
+}
+
+impl KeyValue for DirRegistry {
+    async fn create(
+        &self,
+        key: &SubnetKey,
+        value: &str,
+        ttl: Duration,
+        _: i64,
+    ) -> Result<SystemTime> {
+        self.create_lease(key, value, ttl).await
+    }
+
+    async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        self.put_lease(key, value, ttl).await
+    }
+
+    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+        self.delete_lease(key).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,9 +354,8 @@ mod tests {
             "10.5.2.0-24&fc00:0:0:1::-64",
             "10.5.1.0-24&fc00:0:0:2::-64",
         ] {
-            assert_eq!(
-                reg.create_now(&k(taken), value, ttl),
-                Err(RegistryError::Exists(k(taken)))
+            assert!(
+                matches!(reg.create_now(&k(taken), value, ttl), Err(RegistryError::Exists(e)) if e == k(taken))
             );
         }
         reg.create_now(&k("10.5.2.0-24&fc00:0:0:2::-64"), value, ttl)

@@ -2,12 +2,16 @@
 //! created in a transaction guarded by its key not existing and attached to an etcd lease.
 
 use super::cause::{connection_cause, Peer};
-use super::{Change, Entry, Listing, Registry, RegistryError, Result, WatchEnd};
-use crate::lease::SubnetKey;
+use super::{
+    choose_and_create, Acquired, Change, Entry, KeyValue, LeaseRequest, Listing, Registry,
+    RegistryError, Result, WatchEnd,
+};
+use crate::lease::{Lease, SubnetKey};
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
@@ -41,12 +45,10 @@ pub struct EtcdOptions {
 }
 
 pub struct EtcdRegistry {
-    client: Client,
+    /// Connected at the first request.
+    client: tokio::sync::OnceCell<Client>,
+    connect: ConnectOptions,
     opts: EtcdOptions,
-}
-
-fn failed(what: impl std::fmt::Display, e: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Failed(format!("{what}: {e}"))
 }
 
 /// What went wrong in a request to etcd, as the operator fixes it: a connection failure by
@@ -122,16 +124,25 @@ async fn timed<T>(
 ) -> Result<T> {
     match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(failed(what, etcd_cause(&e, opts))),
-        Err(_) => Err(failed(
-            what,
-            format!("no answer within {REQUEST_TIMEOUT:?}"),
-        )),
+        Ok(Err(source)) => Err(RegistryError::Etcd {
+            what: what.to_string(),
+            cause: etcd_cause(&source, opts),
+            source,
+        }),
+        Err(_) => Err(RegistryError::Timeout {
+            what: what.to_string(),
+            after: REQUEST_TIMEOUT,
+        }),
     }
 }
 
-fn read(path: &PathBuf, flag: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| failed(format!("reading {flag} {}", path.display()), e))
+/// A file a flag names; `what` says which (`reading --etcd-cafile`).
+fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| RegistryError::File {
+        what,
+        path: path.clone(),
+        source,
+    })
 }
 
 impl EtcdRegistry {
@@ -148,37 +159,45 @@ impl EtcdRegistry {
         if tls_wanted {
             let mut tls = TlsOptions::new();
             if let Some(ca) = &opts.cafile {
-                tls = tls.ca_certificate(Certificate::from_pem(read(ca, "--etcd-cafile")?));
+                tls = tls.ca_certificate(Certificate::from_pem(read(ca, "reading --etcd-cafile")?));
             }
             match (&opts.certfile, &opts.keyfile) {
                 (Some(c), Some(k)) => {
                     tls = tls.identity(Identity::from_pem(
-                        read(c, "--etcd-certfile")?,
-                        read(k, "--etcd-keyfile")?,
+                        read(c, "reading --etcd-certfile")?,
+                        read(k, "reading --etcd-keyfile")?,
                     ));
                 }
                 (None, None) => {}
-                _ => {
-                    return Err(RegistryError::Failed(
-                        "--etcd-certfile and --etcd-keyfile go together".into(),
-                    ))
-                }
+                _ => return Err(RegistryError::CertWithoutKey),
             }
             co = co.with_tls(tls);
         }
         Ok(co)
     }
 
-    /// Connects (no request is made unless a user must authenticate).
+    /// The registry, its options checked; it connects at its first request, and again at
+    /// the next one while it cannot.
     pub async fn connect(opts: EtcdOptions) -> Result<EtcdRegistry> {
-        let co = Self::connect_options(&opts)?;
-        let client = timed(
-            &opts,
-            &format!("connecting to etcd at {}", opts.endpoints.join(",")),
-            Client::connect(&opts.endpoints, Some(co)),
-        )
-        .await?;
-        Ok(EtcdRegistry { client, opts })
+        Ok(EtcdRegistry {
+            client: tokio::sync::OnceCell::new(),
+            connect: Self::connect_options(&opts)?,
+            opts,
+        })
+    }
+
+    /// The client, connected (no request is made unless a user must authenticate).
+    async fn client(&self) -> Result<Client> {
+        let opts = &self.opts;
+        let client = self
+            .client
+            .get_or_try_init(|| async {
+                let what = format!("connecting to etcd at {}", opts.endpoints.join(","));
+                let connect = Client::connect(&opts.endpoints, Some(self.connect.clone()));
+                timed(opts, &what, connect).await
+            })
+            .await?;
+        Ok(client.clone())
     }
 
     fn subnets_prefix(&self) -> String {
@@ -265,7 +284,7 @@ impl EtcdRegistry {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let mut c = self.client.clone();
+        let mut c = self.client().await?;
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let grant = timed(
             &self.opts,
@@ -277,8 +296,8 @@ impl EtcdRegistry {
     }
 }
 
-impl Registry for EtcdRegistry {
-    fn describe(&self) -> String {
+impl EtcdRegistry {
+    pub fn describe(&self) -> String {
         format!(
             "etcd at {} (prefix {})",
             self.opts.endpoints.join(","),
@@ -286,7 +305,7 @@ impl Registry for EtcdRegistry {
         )
     }
 
-    fn config_location(&self) -> String {
+    pub fn config_location(&self) -> String {
         format!(
             "{}/config in etcd at {}",
             self.opts.prefix,
@@ -294,8 +313,8 @@ impl Registry for EtcdRegistry {
         )
     }
 
-    async fn config(&self) -> Result<Option<Vec<u8>>> {
-        let mut c = self.client.clone();
+    async fn read_config(&self) -> Result<Option<Vec<u8>>> {
+        let mut c = self.client().await?;
         let key = format!("{}/config", self.opts.prefix);
         let resp = timed(
             &self.opts,
@@ -306,9 +325,10 @@ impl Registry for EtcdRegistry {
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
-    async fn list(&self) -> Result<Listing> {
+    async fn list_leases(&self) -> Result<Listing> {
         let mut c = self
-            .client
+            .client()
+            .await?
             .kv_client()
             .max_decoding_message_size(MAX_ANSWER);
         let prefix = self.subnets_prefix();
@@ -334,7 +354,7 @@ impl Registry for EtcdRegistry {
         })
     }
 
-    async fn create(
+    async fn create_lease(
         &self,
         key: &SubnetKey,
         value: &str,
@@ -343,7 +363,7 @@ impl Registry for EtcdRegistry {
     ) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let mut c = self.client.clone();
+        let mut c = self.client().await?;
         let result = self
             .create_guarded(&mut c, key, &path, value, lease, listed)
             .await;
@@ -362,10 +382,10 @@ impl Registry for EtcdRegistry {
         }
     }
 
-    async fn renew(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+    async fn put_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let mut c = self.client.clone();
+        let mut c = self.client().await?;
         timed(
             &self.opts,
             &format!("renewing {path}"),
@@ -379,9 +399,9 @@ impl Registry for EtcdRegistry {
         Ok(SystemTime::now() + ttl)
     }
 
-    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+    async fn delete_lease(&self, key: &SubnetKey) -> Result<()> {
         let path = self.lease_key(key);
-        let mut c = self.client.clone();
+        let mut c = self.client().await?;
         timed(
             &self.opts,
             &format!("deleting {path}"),
@@ -391,12 +411,12 @@ impl Registry for EtcdRegistry {
         Ok(())
     }
 
-    async fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+    async fn follow(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
         let prefix = self.subnets_prefix();
-        let mut c = self
-            .client
-            .watch_client()
-            .max_decoding_message_size(MAX_ANSWER);
+        let mut c = match self.client().await {
+            Ok(c) => c.watch_client().max_decoding_message_size(MAX_ANSWER),
+            Err(e) => return WatchEnd::Broken(e.to_string()),
+        };
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
@@ -445,5 +465,55 @@ impl Registry for EtcdRegistry {
                 }
             }
         }
+    }
+}
+
+impl Registry for EtcdRegistry {
+    fn describe(&self) -> String {
+        EtcdRegistry::describe(self)
+    }
+
+    fn config_location(&self) -> String {
+        EtcdRegistry::config_location(self)
+    }
+
+    fn config(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
+        Box::pin(self.read_config())
+    }
+
+    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Acquired>> {
+        Box::pin(async move { Ok(choose_and_create(self, req).await) })
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<SystemTime>> {
+        Box::pin(async move { self.put_lease(&lease.key, &lease.attrs.encode(), ttl).await })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Listing>> {
+        Box::pin(self.list_leases())
+    }
+
+    fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
+        Box::pin(self.follow(revision, tx))
+    }
+}
+
+impl KeyValue for EtcdRegistry {
+    async fn create(
+        &self,
+        key: &SubnetKey,
+        value: &str,
+        ttl: Duration,
+        listed: i64,
+    ) -> Result<SystemTime> {
+        self.create_lease(key, value, ttl, listed).await
+    }
+
+    async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+        self.put_lease(key, value, ttl).await
+    }
+
+    async fn delete(&self, key: &SubnetKey) -> Result<()> {
+        self.delete_lease(key).await
     }
 }

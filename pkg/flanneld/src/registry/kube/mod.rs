@@ -22,7 +22,7 @@ pub use client::{
 };
 pub use node::{
     node_entry, node_lease, node_public_ips, own_attrs, own_subnet, pod_cidrs, Annotations,
-    Families, NodeMeta, NodeObject, NodeSpec, DEFAULT_PREFIX,
+    Families, NodeError, NodeMeta, NodeObject, NodeSpec, DEFAULT_PREFIX,
 };
 pub use patch::{annotation_patch, network_available_patch};
 pub use watch::{Delivery, NodeWatch, WatchStop};
@@ -31,17 +31,19 @@ use crate::config::NetConfig;
 use crate::lease::{LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::registry::cause::Retrying;
-use crate::registry::{Change, LeaseRequest, Listing, Registry, RegistryError, WatchEnd};
+use crate::registry::{
+    Acquired, Change, LeaseRequest, Listing, Registry, RegistryError, Result as RegResult, WatchEnd,
+};
+use crate::view::warn_skipped;
 
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
-
-type RegResult<T> = crate::registry::Result<T>;
 
 /// `--kube-subnet-mgr` and its flags.
 #[derive(Debug, Clone)]
@@ -63,31 +65,15 @@ pub struct KubeRegistry {
     net_conf_path: PathBuf,
     set_node_network_unavailable: bool,
     watch: Mutex<Option<NodeWatch>>,
+    /// The network's families, from the config the node runs with.
+    families: Mutex<Option<Families>>,
 }
 
-/// Log lines about the same wait come at most this often.
-const LOG_EVERY: Duration = Duration::from_secs(30);
 /// Retries of a failed request wait from 200 ms up to this, besides the client's own pace.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// A watch that ends sooner than this without an event is a failure, not the server's
 /// timeout (client-go's reflector calls it a very short watch).
 const SHORT_WATCH: Duration = Duration::from_secs(1);
-
-/// A wait logged once, then again only every `LOG_EVERY` while it lasts.
-#[derive(Default)]
-struct Quiet {
-    last: Option<Instant>,
-}
-
-impl Quiet {
-    fn due(&mut self) -> bool {
-        let due = self.last.is_none_or(|t| t.elapsed() >= LOG_EVERY);
-        if due {
-            self.last = Some(Instant::now());
-        }
-        due
-    }
-}
 
 impl KubeRegistry {
     pub fn new(
@@ -104,13 +90,14 @@ impl KubeRegistry {
             net_conf_path,
             set_node_network_unavailable,
             watch: Mutex::new(None),
+            families: Mutex::new(None),
         }
     }
 
     /// Connects as the flags say and finds this node's name (through its pod when NODE_NAME
     /// is unset), waiting while the API server does not answer; Err for what waiting does not
     /// mend (no configuration, no name, a refusal).
-    pub async fn open(opts: &KubeOptions) -> Result<KubeRegistry, KubeError> {
+    pub async fn open(opts: &KubeOptions) -> std::result::Result<KubeRegistry, KubeError> {
         let names = Annotations::new(&opts.annotation_prefix)
             .map_err(|e| KubeError::Config(format!("--kube-annotation-prefix {e}")))?;
         let client =
@@ -167,7 +154,7 @@ impl KubeRegistry {
                     wanted.public_ipv6_annotation = Some(self.names.node_public_ipv6.clone());
                 }
             }
-            Ok(Err(KubeError::NotFound(_))) => {}
+            Ok(Err(RegistryError::Kube(KubeError::NotFound(_)))) => {}
             Ok(Err(e)) => warn!(
                 "reading node {:?}'s public address annotations: {e}",
                 self.node_name
@@ -205,15 +192,11 @@ impl KubeRegistry {
 
     /// This node's lease: its podCIDR, waited for while it has none; then its annotations
     /// written as flanneld writes them, then (`--set-node-network-unavailable`) its condition.
-    /// Requests that fail are retried with backoff, logged once per 30 s; Err only for a
-    /// podCIDR the network config cannot hold, which waiting does not change.
-    pub async fn take_lease(
-        &self,
-        cfg: &NetConfig,
-        attrs: &LeaseAttrs,
-    ) -> Result<SubnetKey, String> {
+    /// Requests that fail are retried with backoff, logged when their cause changes; Err only
+    /// for a podCIDR the network config cannot hold, which waiting does not change.
+    pub async fn take_lease(&self, cfg: &NetConfig, attrs: &LeaseAttrs) -> RegResult<SubnetKey> {
         let name = self.node_name.as_str();
-        let mut waiting = Quiet::default();
+        let mut waiting = Retrying::default();
         let mut failing = Retrying::default();
         let mut delay = Duration::from_millis(200);
         let mut fail = |what: String, delay: &mut Duration| {
@@ -229,7 +212,7 @@ impl KubeRegistry {
             let node = match self.client.node(name).await {
                 Ok(n) => n,
                 Err(KubeError::NotFound(_)) => {
-                    if waiting.due() {
+                    if waiting.failed("absent") {
                         info!("node {name:?} is not in the Kubernetes API yet; waiting for it");
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -244,7 +227,7 @@ impl KubeRegistry {
             let key = match own_subnet(&node, cfg)? {
                 Some(k) => k,
                 None => {
-                    if waiting.due() {
+                    if waiting.failed("no podCIDR") {
                         info!(
                             "node {name:?} has no podCIDR yet; waiting for the cluster to assign \
                              one (the controller manager's --allocate-node-cidrs)"
@@ -309,15 +292,13 @@ impl KubeRegistry {
 
     /// The addresses a user set for this node (`node-public-ip`, `node-public-ipv6`), which
     /// take the place of `--public-ip` and `--public-ipv6`.
-    pub async fn annotated_public_ips(
-        &self,
-    ) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), KubeError> {
+    pub async fn annotated_public_ips(&self) -> RegResult<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
         let node = self.client.node(&self.node_name).await?;
-        node_public_ips(&node, &self.names).map_err(KubeError::Refused)
+        Ok(node_public_ips(&node, &self.names)?)
     }
 
     /// Every node that is a lease, listed anew; the watch resumes from this listing.
-    pub async fn list_leases(&self, families: Families) -> Result<Listing, KubeError> {
+    pub async fn list_leases(&self, families: Families) -> std::result::Result<Listing, KubeError> {
         let (nodes, rv) = self.client.list_nodes().await?;
         let mut guard = self.lock();
         let w = guard.get_or_insert_with(|| NodeWatch::new(self.names.clone(), families));
@@ -379,7 +360,7 @@ impl KubeRegistry {
                                 );
                             }
                             for b in &d.bad {
-                                warn!("skipping {}: {}", b.key, b.reason);
+                                warn_skipped(b, &self.describe());
                             }
                             for c in d.changes {
                                 if tx.send(c).await.is_err() {
@@ -417,16 +398,28 @@ impl KubeRegistry {
 }
 
 impl KubeRegistry {
-    /// The families of the network config, for reading other nodes' annotations.
+    /// The families of the network config, for reading other nodes' annotations: IPv4 until
+    /// the registry is told the config.
     fn families(&self) -> Families {
-        std::fs::read_to_string(&self.net_conf_path)
-            .ok()
-            .and_then(|t| crate::config::parse(&t).ok())
-            .map(|c| Families::of(&c))
-            .unwrap_or(Families {
-                ipv4: true,
-                ipv6: false,
-            })
+        let known = *self.families.lock().unwrap_or_else(|e| e.into_inner());
+        known.unwrap_or(Families {
+            ipv4: true,
+            ipv6: false,
+        })
+    }
+
+    /// The network config is a file (the ConfigMap's net-conf.json), as in flanneld's kube
+    /// mode.
+    async fn read_config(&self) -> RegResult<Option<Vec<u8>>> {
+        match std::fs::read(&self.net_conf_path) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(RegistryError::File {
+                what: "reading",
+                path: self.net_conf_path.clone(),
+                source,
+            }),
+        }
     }
 }
 
@@ -443,61 +436,42 @@ impl Registry for KubeRegistry {
         self.net_conf_path.display().to_string()
     }
 
-    /// The network config is a file (the ConfigMap's net-conf.json), as in flanneld's kube mode.
-    async fn config(&self) -> RegResult<Option<Vec<u8>>> {
-        match std::fs::read(&self.net_conf_path) {
-            Ok(t) => Ok(Some(t)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(RegistryError::Failed(format!(
-                "reading {}: {e}",
-                self.net_conf_path.display()
-            ))),
-        }
+    fn config(&self) -> BoxFuture<'_, RegResult<Option<Vec<u8>>>> {
+        Box::pin(self.read_config())
     }
 
-    async fn list(&self) -> RegResult<Listing> {
-        self.list_leases(self.families())
-            .await
-            .map_err(|e| RegistryError::Failed(e.to_string()))
-    }
-
-    /// Subnets are the cluster's to assign: a node never creates one.
-    async fn create(&self, key: &SubnetKey, _: &str, _: Duration, _: i64) -> RegResult<SystemTime> {
-        Err(RegistryError::Failed(format!(
-            "subnet {key}: in the Kubernetes mode a node's subnet is its podCIDR, assigned by the cluster"
-        )))
-    }
-
-    /// A podCIDR does not expire; the annotations stay until the node goes.
-    async fn renew(&self, _: &SubnetKey, _: &str, ttl: Duration) -> RegResult<SystemTime> {
-        Ok(SystemTime::now() + ttl)
-    }
-
-    /// A podCIDR is the cluster's; it goes with the Node.
-    async fn delete(&self, _: &SubnetKey) -> RegResult<()> {
-        Ok(())
-    }
-
-    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
-        self.follow(tx).await
-    }
-
-    /// This node's podCIDR, its annotations written: the cluster assigned the subnet.
-    async fn acquire(
-        &self,
-        req: &LeaseRequest<'_>,
-    ) -> std::result::Result<(SubnetKey, SystemTime), String> {
-        let key = self.take_lease(req.config, req.attrs).await?;
-        Ok((key, SystemTime::now() + req.ttl))
+    fn use_config(&self, cfg: &NetConfig) {
+        *self.families.lock().unwrap_or_else(|e| e.into_inner()) = Some(Families::of(cfg));
     }
 
     /// This node's own annotations, found by its name (its public address may be a user's
     /// overwrite).
-    async fn public_ips(&self, wanted: &mut crate::iface::Wanted) {
-        self.apply_public_ips(wanted).await
+    fn public_ips<'a>(&'a self, wanted: &'a mut crate::iface::Wanted) -> BoxFuture<'a, ()> {
+        Box::pin(self.apply_public_ips(wanted))
     }
 
-    async fn earlier_lease(&self, _: &NetConfig, _: &crate::alloc::Node) -> Option<LeaseAttrs> {
-        self.earlier_attrs().await
+    fn earlier_lease<'a>(
+        &'a self,
+        _: &'a NetConfig,
+        _: &'a crate::alloc::Node,
+    ) -> BoxFuture<'a, Option<LeaseAttrs>> {
+        Box::pin(self.earlier_attrs())
+    }
+
+    /// This node's podCIDR, its annotations written: the cluster assigned the subnet, and it
+    /// does not expire.
+    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, RegResult<Acquired>> {
+        Box::pin(async move {
+            let key = self.take_lease(req.config, req.attrs).await?;
+            Ok(Acquired { key, expiry: None })
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, RegResult<Listing>> {
+        Box::pin(async move { Ok(self.list_leases(self.families()).await?) })
+    }
+
+    fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
+        Box::pin(self.follow(tx))
     }
 }

@@ -3,13 +3,139 @@
 //! attributes and addresses this node's annotations already hold).
 
 use crate::config::NetConfig;
+use crate::family::IpFamily;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::registry::Entry;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// What a Node says that flanneld cannot take: outside data, said with the node and the
+/// annotation or field it is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeError {
+    /// `--kube-annotation-prefix` that the API server's names cannot carry.
+    Prefix {
+        prefix: String,
+        why: &'static str,
+    },
+    TooManyCidrs(Vec<String>),
+    NotANetwork {
+        cidr: String,
+        why: String,
+    },
+    /// A podCIDR of prefix 0.
+    EveryAddress(String),
+    /// This node has no podCIDR of a family the network has.
+    NoCidrOfFamily {
+        node: String,
+        family: IpFamily,
+        cidrs: Vec<String>,
+        network: IpNetwork,
+    },
+    /// This node's podCIDR lies outside the network of its family.
+    Outside {
+        node: String,
+        cidr: IpNetwork,
+        network: IpNetwork,
+    },
+    /// None of this node's podCIDRs is of a family the network has.
+    NoFamilyOfNetwork {
+        node: String,
+        cidrs: Vec<String>,
+    },
+    /// Another node's lease lacks the podCIDR of a family the network has.
+    NoLeaseCidr(IpFamily),
+    NotJson {
+        annotation: String,
+        text: String,
+        why: String,
+    },
+    NotAnAddress {
+        annotation: String,
+        text: String,
+        family: IpFamily,
+    },
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeError::Prefix { prefix, why } => write!(f, "{prefix:?} {why}"),
+            NodeError::TooManyCidrs(list) => write!(
+                f,
+                "podCIDRs {list:?}: at most one IPv4 and one IPv6 network"
+            ),
+            NodeError::NotANetwork { cidr, why } => {
+                write!(f, "podCIDR {cidr:?} is not a network: {why}")
+            }
+            NodeError::EveryAddress(cidr) => write!(
+                f,
+                "podCIDR {cidr:?} covers every address: it is no node's subnet"
+            ),
+            NodeError::NoCidrOfFamily {
+                node,
+                family: IpFamily::V4,
+                cidrs,
+                network,
+            } => write!(
+                f,
+                "node {node:?} has no IPv4 podCIDR ({cidrs:?}), but the flannel network {network} is IPv4"
+            ),
+            NodeError::NoCidrOfFamily {
+                node,
+                cidrs,
+                network,
+                ..
+            } => write!(
+                f,
+                "node {node:?} has no IPv6 podCIDR ({cidrs:?}), but the flannel network has IPv6Network {network}"
+            ),
+            NodeError::Outside {
+                node,
+                cidr,
+                network: network @ IpNetwork::V4(_),
+            } => write!(
+                f,
+                "podCIDR {cidr} of node {node:?} is outside the flannel network {network} (net-conf.json's Network)"
+            ),
+            NodeError::Outside {
+                node,
+                cidr,
+                network,
+            } => write!(
+                f,
+                "podCIDR {cidr} of node {node:?} is outside the flannel network's IPv6Network {network}"
+            ),
+            NodeError::NoFamilyOfNetwork { node, cidrs } => write!(
+                f,
+                "node {node:?} has podCIDRs {cidrs:?}, none of a family the flannel network has"
+            ),
+            NodeError::NoLeaseCidr(family) => {
+                write!(f, "no {} network in its podCIDRs", family.name())
+            }
+            NodeError::NotJson {
+                annotation,
+                text,
+                why,
+            } => write!(f, "annotation {annotation} {text:?} is not JSON: {why}"),
+            NodeError::NotAnAddress {
+                annotation,
+                text,
+                family,
+            } => write!(
+                f,
+                "annotation {annotation} {text:?} is not an {} address",
+                family.name()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NodeError {}
 
 /// flanneld's `--kube-annotation-prefix` default.
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
@@ -35,12 +161,16 @@ pub struct Annotations {
 impl Annotations {
     /// The names under `prefix`, completed as flanneld completes it: `example.com` becomes
     /// `example.com/`, `example.com/net` becomes `example.com/net-`.
-    pub fn new(prefix: &str) -> Result<Annotations, String> {
+    pub fn new(prefix: &str) -> Result<Annotations, NodeError> {
+        let refuse = |why| NodeError::Prefix {
+            prefix: prefix.to_string(),
+            why,
+        };
         let mut p = prefix.to_string();
         match p.matches('/').count() {
             0 => p.push('/'),
             1 => {}
-            _ => return Err(format!("{prefix:?} has more than one slash")),
+            _ => return Err(refuse("has more than one slash")),
         }
         if !p.ends_with('/') && !p.ends_with('-') {
             p.push('-');
@@ -48,12 +178,11 @@ impl Annotations {
         // A domain, a slash, then optionally a word and a dash. flanneld checks only the end
         // of the prefix; the whole of it is checked here, since the API server refuses
         // annotation names with anything else in front.
-        let shape = regex::Regex::new(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)+/(?:[a-z0-9_-]+-)?$")
-            .map_err(|e| e.to_string())?;
-        if !shape.is_match(&p) {
-            return Err(format!(
-                "{prefix:?} is not a domain followed by / and an optional name (like \
-                 flannel.alpha.coreos.com or example.com/net)"
+        let shape = regex::Regex::new(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)+/(?:[a-z0-9_-]+-)?$");
+        if !shape.is_ok_and(|re| re.is_match(&p)) {
+            return Err(refuse(
+                "is not a domain followed by / and an optional name (like \
+                 flannel.alpha.coreos.com or example.com/net)",
             ));
         }
         let name = |s: &str| format!("{p}{s}");
@@ -138,7 +267,7 @@ impl Families {
 /// empty), whichever comes first in the list. A network of prefix 0 (every address) is no
 /// node's subnet, and a lease key cannot hold it: flannel's key writes "no IPv4 subnet" as
 /// `0.0.0.0-0`.
-pub fn pod_cidrs(spec: &NodeSpec) -> Result<(Option<Ipv4Network>, Option<Ipv6Network>), String> {
+pub fn pod_cidrs(spec: &NodeSpec) -> Result<(Option<Ipv4Network>, Option<Ipv6Network>), NodeError> {
     let list: Vec<&str> = if spec.pod_cidrs.is_empty() {
         [spec.pod_cidr.as_str()]
             .into_iter()
@@ -148,40 +277,49 @@ pub fn pod_cidrs(spec: &NodeSpec) -> Result<(Option<Ipv4Network>, Option<Ipv6Net
         spec.pod_cidrs.iter().map(String::as_str).collect()
     };
     if list.len() > 2 {
-        return Err(format!(
-            "podCIDRs {list:?}: at most one IPv4 and one IPv6 network"
+        return Err(NodeError::TooManyCidrs(
+            list.iter().map(|c| c.to_string()).collect(),
         ));
     }
     let (mut v4, mut v6) = (None, None);
     for c in list {
-        let net: IpNetwork = c
-            .parse()
-            .map_err(|e| format!("podCIDR {c:?} is not a network: {e}"))?;
+        let bad = |why: ipnetwork::IpNetworkError| NodeError::NotANetwork {
+            cidr: c.to_string(),
+            why: why.to_string(),
+        };
+        let net: IpNetwork = c.parse().map_err(bad)?;
         if net.prefix() == 0 {
-            return Err(format!(
-                "podCIDR {c:?} covers every address: it is no node's subnet"
-            ));
+            return Err(NodeError::EveryAddress(c.to_string()));
         }
         // Go's ParseCIDR gives the network, whatever host bits the text has.
         match net {
             IpNetwork::V4(n) => {
-                let n = Ipv4Network::new(n.network(), n.prefix()).map_err(|e| e.to_string())?;
-                v4.get_or_insert(n);
+                v4.get_or_insert(Ipv4Network::new(n.network(), n.prefix()).map_err(bad)?);
             }
             IpNetwork::V6(n) => {
-                let n = Ipv6Network::new(n.network(), n.prefix()).map_err(|e| e.to_string())?;
-                v6.get_or_insert(n);
+                v6.get_or_insert(Ipv6Network::new(n.network(), n.prefix()).map_err(bad)?);
             }
         }
     }
     Ok((v4, v6))
 }
 
+/// One family's network of `pod_cidrs`' answer.
+fn of_family(
+    cidrs: (Option<Ipv4Network>, Option<Ipv6Network>),
+    family: IpFamily,
+) -> Option<IpNetwork> {
+    match family {
+        IpFamily::V4 => cidrs.0.map(IpNetwork::V4),
+        IpFamily::V6 => cidrs.1.map(IpNetwork::V6),
+    }
+}
+
 /// This node's subnet from its Node: None while it has no podCIDR. A CIDR of a family the
 /// network lacks is ignored, as flanneld ignores it; one outside the network is refused.
-pub fn own_subnet(node: &NodeObject, cfg: &NetConfig) -> Result<Option<SubnetKey>, String> {
-    let (v4, v6) = pod_cidrs(&node.spec)?;
-    if v4.is_none() && v6.is_none() {
+pub fn own_subnet(node: &NodeObject, cfg: &NetConfig) -> Result<Option<SubnetKey>, NodeError> {
+    let cidrs = pod_cidrs(&node.spec)?;
+    if cidrs.0.is_none() && cidrs.1.is_none() {
         return Ok(None);
     }
     let name = &node.metadata.name;
@@ -189,75 +327,45 @@ pub fn own_subnet(node: &NodeObject, cfg: &NetConfig) -> Result<Option<SubnetKey
         ipv4: None,
         ipv6: None,
     };
-    if let Some(fam) = &cfg.ipv4 {
-        let n = inside(
-            v4,
-            fam.network,
-            || {
-                format!(
-                    "node {name:?} has no IPv4 podCIDR ({:?}), but the flannel network {} is IPv4",
-                    node.spec.pod_cidrs, fam.network
-                )
-            },
-            |n| {
-                format!(
-                    "podCIDR {n} of node {name:?} is outside the flannel network {} (net-conf.json's Network)",
-                    fam.network
-                )
-            },
-        )?;
-        key.ipv4 = Some(n);
-    }
-    if let Some(fam) = &cfg.ipv6 {
-        let n = inside(
-            v6,
-            fam.network,
-            || {
-                format!(
-                    "node {name:?} has no IPv6 podCIDR ({:?}), but the flannel network has IPv6Network {}",
-                    node.spec.pod_cidrs, fam.network
-                )
-            },
-            |n| {
-                format!(
-                    "podCIDR {n} of node {name:?} is outside the flannel network's IPv6Network {}",
-                    fam.network
-                )
-            },
-        )?;
-        key.ipv6 = Some(n);
+    for family in cfg.families() {
+        let Some(network) = cfg.network(family) else {
+            continue;
+        };
+        let cidr = of_family(cidrs, family).ok_or_else(|| NodeError::NoCidrOfFamily {
+            node: name.clone(),
+            family,
+            cidrs: node.spec.pod_cidrs.clone(),
+            network,
+        })?;
+        // Inside the network, and no wider than it.
+        if cidr.prefix() < network.prefix() || !network.contains(cidr.network()) {
+            return Err(NodeError::Outside {
+                node: name.clone(),
+                cidr,
+                network,
+            });
+        }
+        key = key.with(cidr);
     }
     if key.ipv4.is_none() && key.ipv6.is_none() {
-        return Err(format!(
-            "node {name:?} has podCIDRs {:?}, none of a family the flannel network has",
-            node.spec.pod_cidrs
-        ));
+        return Err(NodeError::NoFamilyOfNetwork {
+            node: name.clone(),
+            cidrs: node.spec.pod_cidrs.clone(),
+        });
     }
     Ok(Some(key))
 }
 
-/// A podCIDR of one family, which must be there and inside that family's flannel `network`
-/// (no wider than it); `missing` and `outside` say why not.
-fn inside<N: Copy + Into<IpNetwork>>(
-    cidr: Option<N>,
-    network: N,
-    missing: impl FnOnce() -> String,
-    outside: impl FnOnce(N) -> String,
-) -> Result<N, String> {
-    let n = cidr.ok_or_else(missing)?;
-    let (sub, net): (IpNetwork, IpNetwork) = (n.into(), network.into());
-    if sub.prefix() < net.prefix() || !net.contains(sub.network()) {
-        return Err(outside(n));
-    }
-    Ok(n)
-}
-
-fn backend_data(node: &NodeObject, name: &str) -> Result<Option<Box<RawValue>>, String> {
+fn backend_data(node: &NodeObject, name: &str) -> Result<Option<Box<RawValue>>, NodeError> {
     match node.annotation(name) {
         "" | "null" => Ok(None),
         text => RawValue::from_string(text.to_string())
             .map(Some)
-            .map_err(|e| format!("annotation {name} {text:?} is not JSON: {e}")),
+            .map_err(|e| NodeError::NotJson {
+                annotation: name.to_string(),
+                text: text.to_string(),
+                why: e.to_string(),
+            }),
     }
 }
 
@@ -267,7 +375,7 @@ pub fn node_lease(
     node: &NodeObject,
     names: &Annotations,
     families: Families,
-) -> Result<Option<Lease>, String> {
+) -> Result<Option<Lease>, NodeError> {
     if node.annotation(&names.managed) != "true" {
         return Ok(None);
     }
@@ -287,14 +395,14 @@ pub fn node_lease(
         backend_v6_data: None,
     };
     if families.ipv4 {
-        attrs.public_ip = Some(address(node, &names.public_ip, "IPv4")?);
+        attrs.public_ip = Some(address(node, &names.public_ip, IpFamily::V4)?);
         attrs.backend_data = backend_data(node, &names.backend_data)?;
-        key.ipv4 = Some(v4.ok_or("no IPv4 network in its podCIDRs")?);
+        key.ipv4 = Some(v4.ok_or(NodeError::NoLeaseCidr(IpFamily::V4))?);
     }
     if families.ipv6 {
-        attrs.public_ipv6 = Some(address(node, &names.public_ipv6, "IPv6")?);
+        attrs.public_ipv6 = Some(address(node, &names.public_ipv6, IpFamily::V6)?);
         attrs.backend_v6_data = backend_data(node, &names.backend_v6_data)?;
-        key.ipv6 = Some(v6.ok_or("no IPv6 network in its podCIDRs")?);
+        key.ipv6 = Some(v6.ok_or(NodeError::NoLeaseCidr(IpFamily::V6))?);
     }
     if key.ipv4.is_none() && key.ipv6.is_none() {
         return Ok(None);
@@ -307,22 +415,29 @@ pub fn node_lease(
 pub fn node_public_ips(
     node: &NodeObject,
     names: &Annotations,
-) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), String> {
+) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), NodeError> {
     let set = |name: &str| !node.annotation(name).is_empty();
     let v4 = set(&names.node_public_ip)
-        .then(|| address(node, &names.node_public_ip, "IPv4"))
+        .then(|| address(node, &names.node_public_ip, IpFamily::V4))
         .transpose()?;
     let v6 = set(&names.node_public_ipv6)
-        .then(|| address(node, &names.node_public_ipv6, "IPv6"))
+        .then(|| address(node, &names.node_public_ipv6, IpFamily::V6))
         .transpose()?;
     Ok((v4, v6))
 }
 
-/// The address annotation `name` holds, of the family `family` names.
-fn address<A: std::str::FromStr>(node: &NodeObject, name: &str, family: &str) -> Result<A, String> {
+/// The address of `family` that the annotation `name` holds.
+fn address<A: std::str::FromStr>(
+    node: &NodeObject,
+    name: &str,
+    family: IpFamily,
+) -> Result<A, NodeError> {
     let text = node.annotation(name);
-    text.parse()
-        .map_err(|_| format!("annotation {name} {text:?} is not an {family} address"))
+    text.parse().map_err(|_| NodeError::NotAnAddress {
+        annotation: name.to_string(),
+        text: text.to_string(),
+        family,
+    })
 }
 
 /// The attributes this node's annotations hold, whatever else they lack: its backend data
@@ -352,7 +467,7 @@ pub fn node_entry(
     node: &NodeObject,
     names: &Annotations,
     families: Families,
-) -> Result<Option<Entry>, String> {
+) -> Result<Option<Entry>, NodeError> {
     Ok(node_lease(node, names, families)?.map(|l| Entry {
         key: l.key.to_string(),
         value: l.attrs.encode().into_bytes(),
@@ -407,7 +522,7 @@ mod tests {
         assert!(pod_cidrs(&spec("banana", &[])).is_err());
         // Prefix 0, whatever the host bits, in either family.
         for c in ["10.244.4.42/0", "0.0.0.0/0", "::/0", "fd00::4/0"] {
-            let e = pod_cidrs(&spec(c, &[])).unwrap_err();
+            let e = pod_cidrs(&spec(c, &[])).unwrap_err().to_string();
             assert!(e.contains(c) && e.contains("every address"), "{e}");
         }
     }
@@ -428,7 +543,7 @@ mod tests {
             ipv6: true,
         };
         for families in [V4, both] {
-            let e = node_lease(&n, &a, families).unwrap_err();
+            let e = node_lease(&n, &a, families).unwrap_err().to_string();
             assert!(e.contains("10.244.4.42/0"), "{e}");
             assert!(node_entry(&n, &a, families).is_err());
         }
@@ -445,7 +560,9 @@ mod tests {
             "10.5.3.0-24"
         );
         assert_eq!(own_subnet(&node("n1", &[], json!(null)), &c).unwrap(), None);
-        let e = own_subnet(&node("n1", &["10.9.3.0/24"], json!({})), &c).unwrap_err();
+        let e = own_subnet(&node("n1", &["10.9.3.0/24"], json!({})), &c)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("10.9.3.0/24") && e.contains("10.5.0.0/16"),
             "{e}"
@@ -503,7 +620,7 @@ mod tests {
         bad.metadata
             .annotations
             .insert(a.public_ip.clone(), "banana".into());
-        let e = node_lease(&bad, &a, V4).unwrap_err();
+        let e = node_lease(&bad, &a, V4).unwrap_err().to_string();
         assert!(e.contains(&a.public_ip) && e.contains("banana"), "{e}");
         let mut bad = flannel_node("n3", "10.5.8.0/24", "192.168.1.3");
         bad.metadata
@@ -511,6 +628,7 @@ mod tests {
             .insert(a.backend_data.clone(), "{VNI:".into());
         assert!(node_lease(&bad, &a, V4)
             .unwrap_err()
+            .to_string()
             .contains(&a.backend_data));
     }
 

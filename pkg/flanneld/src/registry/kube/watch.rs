@@ -70,7 +70,7 @@ impl NodeWatch {
             Err(reason) => {
                 out.bad.push(BadEntry {
                     key: format!("node {name}"),
-                    reason,
+                    reason: reason.to_string(),
                 });
                 None
             }
