@@ -1,6 +1,7 @@
 //! flanneld: a subnet lease for this node from the cluster's registry (etcd v3 in flannel's
-//! schema, or a directory shared by the daemons of one machine), subnet.env for the flannel CNI
-//! plugin, and the other nodes' leases as a stream of events for the backend.
+//! schema, the Kubernetes API's Node objects, or an embedded directory shared by the daemons of
+//! one machine), subnet.env for the flannel CNI plugin, and the kernel's entries for the other
+//! nodes' leases kept equal to them by one reconciler.
 
 pub mod alloc;
 pub mod backend;
