@@ -1,7 +1,8 @@
 //! The `wireguard` backend on three-node clusters (testkit::cluster), each node's flanneld in a
 //! mount namespace of its own whose /run/wireguard holds its devices' sockets, as on separate
 //! machines. This kernel has no WireGuard, so the tunnel is the userspace one
-//! (flannel-wireguard, beside flanneld). One cluster per underlay family: pods reach each
+//! (flannel-wireguard, beside flanneld). One cluster per underlay family, and one dual-stack with
+//! `Mode` auto (one device for both families): pods reach each
 //! other by ping and TCP; the devices, routes, peers and leases are flanneld's; on the underlay
 //! only UDP to the listen ports passes; peers and devices changed by hand are repaired; a lease
 //! removed takes its peer along; a restart keeps the tunnel. Then a node whose tunnel is
@@ -130,6 +131,8 @@ enum Stack {
     V4,
     Dual,
     V6Only,
+    /// Dual-stack with `Mode` auto: one flannel-wg for both families.
+    DualAuto,
 }
 
 impl Stack {
@@ -137,6 +140,9 @@ impl Stack {
         let backend = r#""Backend":{"Type":"wireguard","PersistentKeepaliveInterval":0}"#;
         match self {
             Stack::V4 => format!(r#"{{"Network":"{NETWORK}",{backend}}}"#),
+            Stack::DualAuto => format!(
+                r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{NETWORK6}","Backend":{{"Type":"wireguard","Mode":"auto"}}}}"#
+            ),
             Stack::Dual => format!(
                 r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{NETWORK6}",{backend}}}"#
             ),
@@ -149,7 +155,7 @@ impl Stack {
     fn underlay(self) -> Underlay {
         match self {
             Stack::V4 => Underlay::V4,
-            Stack::Dual => Underlay::Dual,
+            Stack::Dual | Stack::DualAuto => Underlay::Dual,
             Stack::V6Only => Underlay::V6,
         }
     }
@@ -157,16 +163,19 @@ impl Stack {
     fn families(self) -> Vec<Family> {
         match self {
             Stack::V4 => vec![Family::V4],
-            Stack::Dual => vec![Family::V4, Family::V6],
+            Stack::Dual | Stack::DualAuto => vec![Family::V4, Family::V6],
             Stack::V6Only => vec![Family::V6],
         }
     }
 }
 
-fn device(f: Family) -> &'static str {
-    match f {
-        Family::V4 => "flannel-wg",
-        Family::V6 => "flannel-wg-v6",
+impl Stack {
+    /// The device of a family: one per family, or (auto) flannel-wg for both.
+    fn device(self, f: Family) -> &'static str {
+        match (self, f) {
+            (Stack::DualAuto, _) | (_, Family::V4) => "flannel-wg",
+            (_, Family::V6) => "flannel-wg-v6",
+        }
     }
 }
 
@@ -245,7 +254,12 @@ fn lease_value(c: &Cluster, key: &str) -> String {
 /// writes it, byte for byte.
 fn assert_leases_announce_keys(m: &Machines, c: &Cluster, families: &[Family], case: &str) {
     for n in c.nodes() {
-        let dev = device(families[0]);
+        let dev = "flannel-wg";
+        let dev = if families.contains(&Family::V4) {
+            dev
+        } else {
+            "flannel-wg-v6"
+        };
         let public = m.on(c, n.index, &["wg", "show", dev, "public-key"]);
         let data = format!(r#"{{"PublicKey":"{}"}}"#, public.trim());
         match c.registry() {
@@ -347,6 +361,7 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
         (Stack::V4, Registry::Embedded, 81),
         (Stack::Dual, Registry::Kube, 82),
         (Stack::V6Only, Registry::Etcd, 83),
+        (Stack::DualAuto, Registry::Embedded, 85),
     ] {
         let case = format!("{stack:?} in {registry:?}");
         let (mut c, m) = cluster(stack, registry, &format!("wg{net}"), net);
@@ -364,7 +379,7 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
             );
             let key = std::fs::read_to_string(n.dir.join("wgkey")).unwrap();
             for &f in &families {
-                let dev = device(f);
+                let dev = stack.device(f);
                 let link =
                     n.ns.link(dev)
                         .unwrap_or_else(|| panic!("{case}: node {} has no {dev}", n.index));
@@ -386,6 +401,12 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
                 assert_eq!(routes[0]["dev"], dev, "{case}: {routes:?}");
                 let held = peers(&m, &c, n.index, dev);
                 assert_eq!(held.len(), 2, "{case}: node {} {dev}: {held:?}", n.index);
+                if matches!(stack, Stack::DualAuto) {
+                    // One peer per node for both families, reached over IPv4 (both private).
+                    for p in &held {
+                        assert!(p.2.contains(',') && !p.1.starts_with('['), "{case}: {p:?}");
+                    }
+                }
                 let show = m.on(&c, n.index, &["wg", "show", dev, "private-key"]);
                 assert_eq!(
                     show.trim(),
