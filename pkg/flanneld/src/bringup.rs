@@ -15,6 +15,7 @@ use crate::iface::{self, Interfaces, Wanted};
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::masq;
 use crate::metrics::{self, METRICS};
+use crate::planes::blackhole::BlackholePlane;
 use crate::planes::firewall::FirewallPlane;
 use crate::planes::netlink::{self as netlink_plane, NetlinkPlane};
 use crate::planes::subnet_env::{MtuChain, SubnetEnvPlane};
@@ -369,7 +370,8 @@ async fn find_lease(
 }
 
 /// The planes that keep `spec`, in the order the start passes them: the datapath (its
-/// devices before the plugin is told the subnet), the firewall, subnet.env.
+/// devices before the plugin is told the subnet), the firewall, the blackhole routes,
+/// subnet.env.
 fn planes(
     settings: &Settings,
     spec: &NodeSpec,
@@ -395,6 +397,12 @@ fn planes(
             m,
             settings.iptables_resync,
             old,
+        )));
+    }
+    if settings.blackhole_route {
+        planes.push(Box::new(BlackholePlane::new(
+            spec.datapath.own,
+            settings.iptables_resync,
         )));
     }
     let ext = &spec.datapath.ext;

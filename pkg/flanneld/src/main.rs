@@ -53,9 +53,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if settings.blackhole_route {
-        warn!("--ip-blackhole-route is not implemented yet: no blackhole route is added");
-    }
 
     // Netlink is read here, synchronously, before the async runtime starts.
     let ifaces = match flanneld::iface::gather() {

@@ -1,9 +1,10 @@
 //! The planes of the node's state that the reconciler keeps: the datapath's netlink entries
-//! and devices, subnet.env, and the firewall's rules. Each plans (reads what is held, and
-//! diffs it against what should be: a [`Plan`], nothing written) and applies a plan; the
-//! daemon applies every plan, `flanneld doctor` prints them, and `doctor --fix` applies what it
-//! printed.
+//! and devices, subnet.env, the firewall's rules and `--ip-blackhole-route`'s routes. Each
+//! plans (reads what is held, and diffs it against what should be: a [`Plan`], nothing
+//! written) and applies a plan; the daemon applies every plan, `flanneld doctor` prints them,
+//! and `doctor --fix` applies what it printed.
 
+pub mod blackhole;
 pub mod firewall;
 pub mod netlink;
 pub mod subnet_env;

@@ -624,6 +624,37 @@ impl Conn {
         Ok(out)
     }
 
+    /// The destinations of the main table's blackhole routes, both families.
+    pub async fn blackholes(&self) -> Result<Vec<IpNetwork>> {
+        let mut out = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut msg = RouteMessage::default();
+            msg.header.address_family = family;
+            let found = self
+                .dump_map(RouteNetlinkMessage::GetRoute(msg), |m| match m {
+                    RouteNetlinkMessage::NewRoute(r) => parse::blackhole(&r, MAIN_TABLE),
+                    _ => None,
+                })
+                .await
+                .map_err(|f| f.into_error("listing", "blackhole routes"))?;
+            out.extend(found);
+        }
+        Ok(out)
+    }
+
+    /// Adds a blackhole route to `dst` in the main table; false when a route to `dst` is there
+    /// already, of whatever kind (a bridge's own route to its subnet, say).
+    pub async fn add_blackhole(&self, dst: IpNetwork) -> Result<bool> {
+        let msg = parse::blackhole_message(dst, MAIN_TABLE);
+        let r = self
+            .ack(
+                RouteNetlinkMessage::NewRoute(msg),
+                NLM_F_CREATE | NLM_F_EXCL,
+            )
+            .await;
+        changed(r, &[Errno::EEXIST], "adding blackhole route", dst)
+    }
+
     /// The route the kernel would send a packet to `ip` by, as `ip route get` asks it (rules
     /// and every table considered); None when `ip` is unreachable or local.
     pub async fn route_get(&self, ip: IpAddr) -> Result<Option<Route>> {

@@ -176,6 +176,52 @@ pub(super) fn route(r: &RouteMessage) -> Option<Route> {
     })
 }
 
+/// The destination of a blackhole route of `table`; None for any other route.
+pub(super) fn blackhole(r: &RouteMessage, table: u32) -> Option<IpNetwork> {
+    if r.header.kind != RouteType::BlackHole {
+        return None;
+    }
+    let mut in_table = u32::from(r.header.table);
+    let mut dst = None;
+    for a in &r.attributes {
+        match a {
+            RouteAttribute::Destination(d) => dst = route_ip(d),
+            RouteAttribute::Table(t) => in_table = *t,
+            _ => {}
+        }
+    }
+    let dst = match (dst, r.header.address_family) {
+        (Some(d), _) => d,
+        (None, AddressFamily::Inet) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        (None, AddressFamily::Inet6) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        (None, _) => return None,
+    };
+    (in_table == table)
+        .then(|| IpNetwork::new(dst, r.header.destination_prefix_length).ok())
+        .flatten()
+}
+
+/// The message that adds a blackhole route to `dst` in `table` (`ip route add blackhole`).
+pub(super) fn blackhole_message(dst: IpNetwork, table: u32) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = family_of(dst.ip());
+    m.header.destination_prefix_length = dst.prefix();
+    m.header.kind = RouteType::BlackHole;
+    m.header.protocol = RouteProtocol::Boot;
+    m.header.scope = RouteScope::Universe;
+    if table < 256 {
+        m.header.table = table as u8;
+    } else {
+        m.header.table = RouteHeader::RT_TABLE_UNSPEC;
+        m.attributes.push(RouteAttribute::Table(table));
+    }
+    if dst.prefix() > 0 {
+        m.attributes
+            .push(RouteAttribute::Destination(route_address(dst.network())));
+    }
+    m
+}
+
 /// The message that adds, replaces or deletes `r`. `protocol` marks who made it (boot, as
 /// `ip route` does, for the plugins' routes).
 pub(super) fn route_message(r: &Route, protocol: RouteProtocol) -> RouteMessage {
@@ -322,7 +368,28 @@ pub(super) fn fdb_message(e: &FdbEntry) -> NeighbourMessage {
 
 #[cfg(test)]
 mod tests {
+    use super::super::types::MAIN_TABLE;
     use super::*;
+
+    #[test]
+    fn blackhole_routes_go_out_and_come_back_and_nothing_else_reads_as_one() {
+        for dst in ["10.244.3.0/24", "fd00:10:244:3::/64", "0.0.0.0/0"] {
+            let dst: IpNetwork = dst.parse().unwrap();
+            for table in [MAIN_TABLE, 1000] {
+                let m = blackhole_message(dst, table);
+                assert_eq!(m.header.kind, RouteType::BlackHole);
+                assert_eq!(blackhole(&m, table), Some(dst), "{dst} in {table}");
+                assert_eq!(blackhole(&m, table + 1), None, "{dst} in another table");
+                // Not a unicast route: the route listings leave it out.
+                assert_eq!(route(&m), None);
+            }
+        }
+        let unicast = route_message(
+            &Route::new("10.244.3.0/24".parse().unwrap(), None, Some(4)),
+            RouteProtocol::Boot,
+        );
+        assert_eq!(blackhole(&unicast, MAIN_TABLE), None);
+    }
 
     #[test]
     fn routes_go_out_and_come_back_the_same() {
