@@ -844,12 +844,29 @@ impl Switch {
 
     /// No nexthop, no route through one: what Go's flanneld finds is what it writes.
     fn no_nexthops(&self, i: u8) {
-        let ns = &self.c.node(i).ns;
-        let nexthops = ns.run("ip", &["nexthop"]);
-        let routes = ns.run("ip", &["route"]);
+        let (nexthops, routes) = self.nexthops(i);
         assert!(
             nexthops.trim().is_empty() && !routes.contains("nhid"),
             "node {i} still has nexthops:\n{nexthops}\n{routes}"
+        );
+    }
+
+    /// `ip nexthop` and `ip route` on node `i`.
+    fn nexthops(&self, i: u8) -> (String, String) {
+        let ns = &self.c.node(i).ns;
+        (ns.run("ip", &["nexthop"]), ns.run("ip", &["route"]))
+    }
+
+    /// What the runbook waits for before ours leaves a node: its routes plain, its nexthops
+    /// gone (they follow the start, once the leases are listed).
+    fn wait_no_nexthops(&self, i: u8) {
+        wait_for(
+            &format!("node {i}'s routes to turn plain and its nexthops to go"),
+            T,
+            || {
+                let (nexthops, routes) = self.nexthops(i);
+                (nexthops.trim().is_empty() && !routes.contains("nhid")).then_some(())
+            },
         );
     }
 
@@ -896,23 +913,23 @@ impl Switch {
                 answered > 10,
                 "{section}: {what}: only {answered} pings answered"
             );
-            // What the runbook states: a start of Go's flanneld may cost a packet to the
-            // outside from its node one reply, once.
-            let mut excused = BTreeSet::new();
+            // What the runbook states: while Go's flanneld starts, packets to the outside
+            // from its node may go unmasqueraded.
             for l in lost {
-                let window = self.go_starts.iter().position(|&(n, from, to)| {
+                let during_go_start = self.go_starts.iter().any(|&(n, from, to)| {
                     outside && n == node && l.after <= to && l.before >= from
                 });
-                match window {
-                    Some(w) if excused.insert(w) => eprintln!(
+                if during_go_start {
+                    eprintln!(
                         "{section}: {what}: icmp_seq {} unanswered during a start of Go's \
                          flanneld on node {node}",
                         l.seq
-                    ),
-                    _ => losses.push(format!(
+                    );
+                } else {
+                    losses.push(format!(
                         "{what}: no answer to icmp_seq {} (between answers at {:.3} and {:.3})",
                         l.seq, l.after, l.before
-                    )),
+                    ));
                 }
             }
         }
@@ -962,8 +979,12 @@ impl Switch {
             (Mode::DaemonSet, "Keep Go's plugins.") => {
                 copy_dir(&self.bin(i), &self.root(i).join("opt/cni/bin.go"));
             }
-            (Mode::DaemonSet, "Take Go's flanneld off the node.")
-            | (Mode::DaemonSet, "Take ours off the node.") => {
+            (Mode::DaemonSet, "Take Go's flanneld off the node.") => {
+                self.kubectl(step, node);
+                assert_eq!(self.running[usize::from(i) - 1], Daemon::None);
+            }
+            (Mode::DaemonSet, "Take ours off the node.") => {
+                self.wait_no_nexthops(i);
                 self.kubectl(step, node);
                 assert_eq!(self.running[usize::from(i) - 1], Daemon::None);
             }
@@ -975,12 +996,7 @@ impl Switch {
                 self.kubectl(step, node);
                 assert_eq!(self.running[usize::from(i) - 1], Daemon::Go);
             }
-            (Mode::DaemonSet, "Turn ours' routes into plain ones.") => {
-                self.kubectl(step, node);
-                for i in self.nodes() {
-                    self.no_nexthops(i);
-                }
-            }
+            (Mode::DaemonSet, "Turn ours' routes into plain ones.") => self.kubectl(step, node),
             (_, "Put Go's plugins back.")
             | (Mode::Systemd, "Put Go's flanneld, its unit and its plugins back.") => {
                 let saved = self.root(i).join("opt/cni/bin.go");
@@ -1054,7 +1070,7 @@ impl Switch {
                 fs::write(&env, text).unwrap();
                 self.systemctl_restart(i);
                 assert_eq!(self.running[usize::from(i) - 1], Daemon::Ours);
-                self.no_nexthops(i);
+                self.wait_no_nexthops(i);
             }
             (Mode::Systemd, "Remove ours.") => {
                 for i in self.nodes() {
@@ -1142,17 +1158,16 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// No process of the test left once the cluster is gone: neither daemon, nothing from the
-/// nodes' roots.
-fn assert_nothing_runs_from(roots: &Path, go: &Path) {
-    let roots = roots.display().to_string();
-    let go = go.display().to_string();
+/// No process of the test left once the cluster is gone: nothing naming the nodes' roots or
+/// the cluster's files (every daemon of either side names its subnet.env there).
+fn assert_nothing_runs_from(dirs: &[PathBuf]) {
+    let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     let left: Vec<String> = fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&roots) || c.starts_with(&go))
+        .filter(|c| dirs.iter().any(|d| c.contains(d.as_str())))
         .collect();
     assert!(left.is_empty(), "still running: {left:?}");
 }
@@ -1166,11 +1181,15 @@ fn switch_and_back(mode: Mode, prefix: &str, net: u8, forward: &str, back: &str)
     assert_eq!(s.running, vec![Daemon::Ours; usize::from(NODES)]);
     s.run(back);
     s.finish();
-    let (roots, go) = (s.roots.path().to_path_buf(), s.go.clone());
-    let Switch { c, roots: dir, .. } = s;
+    let cluster_dir = s.c.node(1).dir.parent().map(Path::to_path_buf);
+    let dirs: Vec<PathBuf> = [Some(s.roots.path().to_path_buf()), cluster_dir]
+        .into_iter()
+        .flatten()
+        .collect();
+    let Switch { c, roots, .. } = s;
     drop(c);
-    assert_nothing_runs_from(&roots, &go);
-    drop(dir);
+    assert_nothing_runs_from(&dirs);
+    drop(roots);
 }
 
 #[test]
