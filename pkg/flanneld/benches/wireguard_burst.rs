@@ -52,15 +52,24 @@ struct Setup {
     etcd: Etcd,
     daemon: Daemon,
     tunnel: UapiClient,
+    tunnel_pid_at_start: Option<u32>,
 }
 
 impl Drop for Setup {
     fn drop(&mut self) {
-        // The tunnel outlives flanneld by design; it goes with the bench.
-        if let Some(pid) = self.tunnel_pid() {
+        // The tunnel outlives flanneld by design; it goes with the bench, and its socket with it.
+        let pids = self
+            .tunnel_pid()
+            .into_iter()
+            .chain(self.tunnel_pid_at_start);
+        for pid in pids {
             let _ = std::process::Command::new("kill")
                 .arg(pid.to_string())
                 .status();
+        }
+        let start = Instant::now();
+        while self.tunnel.path().exists() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -88,12 +97,19 @@ impl Setup {
         );
         daemon.subnet(Duration::from_secs(30));
         daemon.wait_log("wireguard: device flannel-wg made", Duration::from_secs(30));
-        Setup {
+        let mut s = Setup {
             node,
             etcd,
             daemon,
             tunnel: UapiClient::new("flannel-wg"),
-        }
+            tunnel_pid_at_start: None,
+        };
+        s.tunnel_pid_at_start = s.tunnel_pid();
+        assert!(
+            s.tunnel_pid_at_start.is_some(),
+            "no tunnel process in the node"
+        );
+        s
     }
 
     fn tunnel_pid(&self) -> Option<u32> {
