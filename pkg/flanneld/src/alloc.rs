@@ -1,10 +1,11 @@
 //! Which subnet a node takes: pure, over the leases a registry listed.
 
-use crate::config::{Family, NetConfig};
+use crate::config::NetConfig;
+use crate::family::IpFamily;
 use crate::lease::{Lease, SubnetKey};
-use ipnetwork::{Ipv4Network, Ipv6Network};
+use ipnetwork::IpNetwork;
 use std::collections::HashSet;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// How many free subnets, from SubnetMin up, the random pick chooses among (flannel's figure).
 pub const CANDIDATES: usize = 100;
@@ -33,7 +34,7 @@ pub struct Plan {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutOfSubnets {
-    pub family: &'static str,
+    pub family: IpFamily,
 }
 
 impl std::fmt::Display for OutOfSubnets {
@@ -41,38 +42,83 @@ impl std::fmt::Display for OutOfSubnets {
         write!(
             f,
             "out of {} subnets: every subnet from SubnetMin to SubnetMax is leased",
-            self.family
+            self.family.name()
         )
     }
 }
 
-fn fits_v4(family: &Option<Family<Ipv4Network>>, sn: Option<Ipv4Network>) -> bool {
-    match (family, sn) {
-        (None, None) => true,
-        (Some(f), Some(sn)) => {
-            sn.prefix() == f.subnet_len
-                && sn.network() >= f.subnet_min.network()
-                && sn.network() <= f.subnet_max.network()
-        }
-        _ => false,
+impl std::error::Error for OutOfSubnets {}
+
+/// A network's address as an integer, the same for both families.
+fn int(n: IpNetwork) -> u128 {
+    match n.network() {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
     }
 }
 
-fn fits_v6(family: &Option<Family<Ipv6Network>>, sn: Option<Ipv6Network>) -> bool {
-    match (family, sn) {
-        (None, None) => true,
-        (Some(f), Some(sn)) => {
-            sn.prefix() == f.subnet_len
-                && sn.network() >= f.subnet_min.network()
-                && sn.network() <= f.subnet_max.network()
-        }
-        _ => false,
+/// How many host bits a network of `family` with this prefix has.
+fn host_bits(family: IpFamily, prefix: u8) -> u32 {
+    u32::from(family.host_prefix()) - u32::from(prefix)
+}
+
+/// One family of the config as the allocator counts it: the subnets it hands out, their
+/// network addresses as integers.
+struct Span {
+    family: IpFamily,
+    subnet_len: u8,
+    min: u128,
+    max: u128,
+}
+
+impl Span {
+    fn of(cfg: &NetConfig, family: IpFamily) -> Option<Span> {
+        let (subnet_len, min, max) = match family {
+            IpFamily::V4 => cfg.ipv4.map(|f| {
+                let (lo, hi) = (f.subnet_min.into(), f.subnet_max.into());
+                (f.subnet_len, int(lo), int(hi))
+            })?,
+            IpFamily::V6 => cfg.ipv6.map(|f| {
+                let (lo, hi) = (f.subnet_min.into(), f.subnet_max.into());
+                (f.subnet_len, int(lo), int(hi))
+            })?,
+        };
+        Some(Span {
+            family,
+            subnet_len,
+            min,
+            max,
+        })
+    }
+
+    fn bits(&self) -> u32 {
+        host_bits(self.family, self.subnet_len)
+    }
+
+    /// Whether `sn` is a subnet it hands out.
+    fn holds(&self, sn: IpNetwork) -> bool {
+        sn.prefix() == self.subnet_len && int(sn) >= self.min && int(sn) <= self.max
+    }
+
+    /// The subnet at `at`.
+    fn subnet(&self, at: u128) -> Option<IpNetwork> {
+        let ip = match self.family {
+            IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(at).ok()?)),
+            IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(at)),
+        };
+        IpNetwork::new(ip, self.subnet_len).ok()
     }
 }
 
 /// Whether a lease's subnets are ones this config could hand out.
 pub fn fits(cfg: &NetConfig, key: &SubnetKey) -> bool {
-    fits_v4(&cfg.ipv4, key.ipv4) && fits_v6(&cfg.ipv6, key.ipv6)
+    IpFamily::BOTH
+        .into_iter()
+        .all(|f| match (Span::of(cfg, f), key.subnet(f)) {
+            (None, None) => true,
+            (Some(span), Some(sn)) => span.holds(sn),
+            _ => false,
+        })
 }
 
 /// Whether the lease was this node's: flannel matches on the public address of the first
@@ -159,75 +205,51 @@ pub fn choose(
             action: Action::Reuse(own.key),
         });
     }
-    let others = leases.iter().filter(|l| !stale.contains(&l.key));
-    let bits4 = cfg
-        .ipv4
-        .as_ref()
-        .map_or(0, |f| 32 - u32::from(f.subnet_len));
-    let bits6 = cfg
-        .ipv6
-        .as_ref()
-        .map_or(0, |f| 128 - u32::from(f.subnet_len));
-    let used4 = Taken::new(
-        others.clone().filter_map(|l| l.key.ipv4).map(|n| {
-            (
-                u128::from(u32::from(n.network())),
-                32 - u32::from(n.prefix()),
-            )
-        }),
-        bits4,
-    );
-    let used6 = Taken::new(
-        others
-            .filter_map(|l| l.key.ipv6)
-            .map(|n| (u128::from(n.network()), 128 - u32::from(n.prefix()))),
-        bits6,
-    );
-
+    let others: Vec<&Lease> = leases.iter().filter(|l| !stale.contains(&l.key)).collect();
+    // Per family the config has: its span, and what the other leases hold of it.
+    let spans: Vec<(Span, Taken)> = IpFamily::BOTH
+        .into_iter()
+        .filter_map(|f| {
+            let span = Span::of(cfg, f)?;
+            let held = others
+                .iter()
+                .filter_map(|l| l.key.subnet(f))
+                .map(|n| (int(n), host_bits(f, n.prefix())));
+            let taken = Taken::new(held, span.bits());
+            Some((span, taken))
+        })
+        .collect();
     if let Some(prev) = previous.filter(|p| fits(cfg, p)) {
-        let free4 = prev
-            .ipv4
-            .is_none_or(|n| !used4.holds(u128::from(u32::from(n.network())), bits4));
-        let free6 = prev
-            .ipv6
-            .is_none_or(|n| !used6.holds(u128::from(n.network()), bits6));
-        if free4 && free6 {
+        let free = spans.iter().all(|(span, taken)| {
+            prev.subnet(span.family)
+                .is_none_or(|n| !taken.holds(int(n), span.bits()))
+        });
+        if free {
             return Ok(Plan {
                 stale,
                 action: Action::Create(prev),
             });
         }
     }
-
-    let ipv4 = match &cfg.ipv4 {
-        None => None,
-        Some(f) => {
-            let min = u128::from(u32::from(f.subnet_min.network()));
-            let max = u128::from(u32::from(f.subnet_max.network()));
-            let cands = free(min, max, bits4, &used4, CANDIDATES);
-            if cands.is_empty() {
-                return Err(OutOfSubnets { family: "IPv4" });
-            }
-            let at = cands[pick(cands.len()).min(cands.len() - 1)];
-            Ipv4Network::new(Ipv4Addr::from(at as u32), f.subnet_len).ok()
-        }
+    let mut key = SubnetKey {
+        ipv4: None,
+        ipv6: None,
     };
-    let ipv6 = match &cfg.ipv6 {
-        None => None,
-        Some(f) => {
-            let min = u128::from(f.subnet_min.network());
-            let max = u128::from(f.subnet_max.network());
-            let cands = free(min, max, bits6, &used6, CANDIDATES);
-            if cands.is_empty() {
-                return Err(OutOfSubnets { family: "IPv6" });
-            }
-            let at = cands[pick(cands.len()).min(cands.len() - 1)];
-            Ipv6Network::new(Ipv6Addr::from(at), f.subnet_len).ok()
+    for (span, taken) in &spans {
+        let cands = free(span.min, span.max, span.bits(), taken, CANDIDATES);
+        if cands.is_empty() {
+            return Err(OutOfSubnets {
+                family: span.family,
+            });
         }
-    };
+        let at = cands[pick(cands.len()).min(cands.len() - 1)];
+        if let Some(sn) = span.subnet(at) {
+            key = key.with(sn);
+        }
+    }
     Ok(Plan {
         stale,
-        action: Action::Create(SubnetKey { ipv4, ipv6 }),
+        action: Action::Create(key),
     })
 }
 

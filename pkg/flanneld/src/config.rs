@@ -273,12 +273,113 @@ fn check_family(
     Ok((subnet_len, min, max))
 }
 
-fn v4_int(a: Ipv4Addr) -> u128 {
-    u128::from(u32::from(a))
+/// What parsing one family's keys needs of its network type.
+trait FamilyNet: std::str::FromStr + Copy + fmt::Display {
+    type Addr: std::str::FromStr + Copy + fmt::Display;
+    /// `IPv4`, `IPv6`.
+    const NAME: &'static str;
+    /// The key that turns the family on.
+    const ENABLE: &'static str;
+    const KEYS: Keys;
+    const LIMITS: Limits;
+
+    fn make(addr: Self::Addr, prefix: u8) -> Result<Self, ipnetwork::IpNetworkError>;
+    fn addr(&self) -> Self::Addr;
+    fn prefix_len(&self) -> u8;
+    fn to_int(a: Self::Addr) -> u128;
+    fn from_int(a: u128) -> Self::Addr;
 }
 
-fn v4_from(a: u128) -> Ipv4Addr {
-    Ipv4Addr::from(a as u32)
+impl FamilyNet for Ipv4Network {
+    type Addr = Ipv4Addr;
+    const NAME: &'static str = "IPv4";
+    const ENABLE: &'static str = "EnableIPv4";
+    const KEYS: Keys = Keys {
+        network: "Network",
+        subnet_len: "SubnetLen",
+        subnet_min: "SubnetMin",
+        subnet_max: "SubnetMax",
+    };
+    const LIMITS: Limits = V4;
+
+    fn make(addr: Ipv4Addr, prefix: u8) -> Result<Self, ipnetwork::IpNetworkError> {
+        Ipv4Network::new(addr, prefix)
+    }
+    fn addr(&self) -> Ipv4Addr {
+        self.network()
+    }
+    fn prefix_len(&self) -> u8 {
+        self.prefix()
+    }
+    fn to_int(a: Ipv4Addr) -> u128 {
+        u128::from(u32::from(a))
+    }
+    fn from_int(a: u128) -> Ipv4Addr {
+        Ipv4Addr::from(a as u32)
+    }
+}
+
+impl FamilyNet for Ipv6Network {
+    type Addr = Ipv6Addr;
+    const NAME: &'static str = "IPv6";
+    const ENABLE: &'static str = "EnableIPv6";
+    const KEYS: Keys = Keys {
+        network: "IPv6Network",
+        subnet_len: "IPv6SubnetLen",
+        subnet_min: "IPv6SubnetMin",
+        subnet_max: "IPv6SubnetMax",
+    };
+    const LIMITS: Limits = V6;
+
+    fn make(addr: Ipv6Addr, prefix: u8) -> Result<Self, ipnetwork::IpNetworkError> {
+        Ipv6Network::new(addr, prefix)
+    }
+    fn addr(&self) -> Ipv6Addr {
+        self.network()
+    }
+    fn prefix_len(&self) -> u8 {
+        self.prefix()
+    }
+    fn to_int(a: Ipv6Addr) -> u128 {
+        u128::from(a)
+    }
+    fn from_int(a: u128) -> Ipv6Addr {
+        Ipv6Addr::from(a)
+    }
+}
+
+/// One family's keys, defaults applied and checked.
+fn parse_family<N: FamilyNet>(obj: &Map<String, Value>) -> Result<Family<N>, ConfigError> {
+    let k = &N::KEYS;
+    let network: N = opt_net(obj, k.network, N::NAME)?.ok_or_else(|| {
+        refuse(
+            k.network,
+            "(missing)",
+            format!("is required when {} is on", N::ENABLE),
+        )
+    })?;
+    let network = N::make(network.addr(), network.prefix_len())
+        .map_err(|e| refuse(k.network, network, e.to_string()))?;
+    let min: Option<N::Addr> = opt_addr(obj, k.subnet_min, N::NAME)?;
+    let max: Option<N::Addr> = opt_addr(obj, k.subnet_max, N::NAME)?;
+    let (len, min, max) = check_family(
+        k,
+        &N::LIMITS,
+        (N::to_int(network.addr()), network.prefix_len()),
+        opt_len(obj, k.subnet_len)?,
+        min.map(N::to_int),
+        max.map(N::to_int),
+        &|a| N::from_int(a).to_string(),
+    )?;
+    let subnet = |a: u128| {
+        N::make(N::from_int(a), len).map_err(|e| refuse(k.subnet_len, len, e.to_string()))
+    };
+    Ok(Family {
+        network,
+        subnet_len: len,
+        subnet_min: subnet(min)?,
+        subnet_max: subnet(max)?,
+    })
 }
 
 /// Parses and checks the config text, applying flannel's defaults.
@@ -302,81 +403,12 @@ pub fn parse(text: &str) -> Result<NetConfig, ConfigError> {
         ));
     }
 
-    let ipv4 = if enable_ipv4 {
-        let keys = Keys {
-            network: "Network",
-            subnet_len: "SubnetLen",
-            subnet_min: "SubnetMin",
-            subnet_max: "SubnetMax",
-        };
-        let network: Ipv4Network = opt_net(&obj, "Network", "IPv4")?
-            .ok_or_else(|| refuse("Network", "(missing)", "is required when EnableIPv4 is on"))?;
-        let network = Ipv4Network::new(network.network(), network.prefix())
-            .map_err(|e| refuse("Network", network, e.to_string()))?;
-        let min: Option<Ipv4Addr> = opt_addr(&obj, "SubnetMin", "IPv4")?;
-        let max: Option<Ipv4Addr> = opt_addr(&obj, "SubnetMax", "IPv4")?;
-        let (len, min, max) = check_family(
-            &keys,
-            &V4,
-            (v4_int(network.network()), network.prefix()),
-            opt_len(&obj, "SubnetLen")?,
-            min.map(v4_int),
-            max.map(v4_int),
-            &|a| v4_from(a).to_string(),
-        )?;
-        let subnet = |a: u128| {
-            Ipv4Network::new(v4_from(a), len).map_err(|e| refuse("SubnetLen", len, e.to_string()))
-        };
-        Some(Family {
-            network,
-            subnet_len: len,
-            subnet_min: subnet(min)?,
-            subnet_max: subnet(max)?,
-        })
-    } else {
-        None
-    };
-
-    let ipv6 = if enable_ipv6 {
-        let keys = Keys {
-            network: "IPv6Network",
-            subnet_len: "IPv6SubnetLen",
-            subnet_min: "IPv6SubnetMin",
-            subnet_max: "IPv6SubnetMax",
-        };
-        let network: Ipv6Network = opt_net(&obj, "IPv6Network", "IPv6")?.ok_or_else(|| {
-            refuse(
-                "IPv6Network",
-                "(missing)",
-                "is required when EnableIPv6 is on",
-            )
-        })?;
-        let network = Ipv6Network::new(network.network(), network.prefix())
-            .map_err(|e| refuse("IPv6Network", network, e.to_string()))?;
-        let min: Option<Ipv6Addr> = opt_addr(&obj, "IPv6SubnetMin", "IPv6")?;
-        let max: Option<Ipv6Addr> = opt_addr(&obj, "IPv6SubnetMax", "IPv6")?;
-        let (len, min, max) = check_family(
-            &keys,
-            &V6,
-            (u128::from(network.network()), network.prefix()),
-            opt_len(&obj, "IPv6SubnetLen")?,
-            min.map(u128::from),
-            max.map(u128::from),
-            &|a| Ipv6Addr::from(a).to_string(),
-        )?;
-        let subnet = |a: u128| {
-            Ipv6Network::new(Ipv6Addr::from(a), len)
-                .map_err(|e| refuse("IPv6SubnetLen", len, e.to_string()))
-        };
-        Some(Family {
-            network,
-            subnet_len: len,
-            subnet_min: subnet(min)?,
-            subnet_max: subnet(max)?,
-        })
-    } else {
-        None
-    };
+    let ipv4 = enable_ipv4
+        .then(|| parse_family::<Ipv4Network>(&obj))
+        .transpose()?;
+    let ipv6 = enable_ipv6
+        .then(|| parse_family::<Ipv6Network>(&obj))
+        .transpose()?;
 
     let backend = match field(&obj, "Backend") {
         None | Some(Value::Null) => Value::Object(Map::new()),

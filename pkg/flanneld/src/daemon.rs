@@ -252,7 +252,7 @@ async fn serve(
         }
         lost = follower => match lost {
             Ok(why) => Exit::LeaseLost(why),
-            Err(e) => Exit::LeaseLost(LeaseLost::Follower(e.to_string())),
+            Err(e) => Exit::LeaseLost(LeaseLost::Follower(e)),
         },
     };
     if let Some(r) = renewer {

@@ -101,7 +101,7 @@ pub enum LeaseLost {
     /// Someone deleted it from the registry (`where_` says which).
     Removed { own: SubnetKey, where_: String },
     /// The task following the registry ended without saying so.
-    Follower(String),
+    Follower(tokio::task::JoinError),
 }
 
 impl fmt::Display for LeaseLost {
@@ -122,7 +122,7 @@ impl std::error::Error for LeaseLost {}
 #[derive(Debug)]
 pub enum PassError {
     Kernel(cni_kernel::Error),
-    Task(String),
+    Task(tokio::task::JoinError),
 }
 
 impl fmt::Display for PassError {
@@ -144,6 +144,6 @@ impl From<cni_kernel::Error> for PassError {
 
 impl From<tokio::task::JoinError> for PassError {
     fn from(e: tokio::task::JoinError) -> PassError {
-        PassError::Task(e.to_string())
+        PassError::Task(e)
     }
 }

@@ -15,8 +15,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 /// Why no external interface fits the flags: a bad start, naming the flag that found nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IfaceError {
-    /// `--iface`, `--iface-regex`, `--iface-can-reach`: each one tried, and why it did not fit.
-    NoneFits(Vec<String>),
+    /// `--iface`, `--iface-regex`, `--iface-can-reach`: each one tried (the flag and its
+    /// value), and why it did not fit.
+    NoneFits(Vec<(String, Unfit)>),
     /// Without those flags the interface is the one holding the public address, and none does.
     PublicNotHere {
         ip: IpAddr,
@@ -34,7 +35,11 @@ impl fmt::Display for IfaceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IfaceError::NoneFits(tried) => {
-                write!(f, "no external interface fits: {}", tried.join("; "))
+                f.write_str("no external interface fits: ")?;
+                for (i, (flag, why)) in tried.iter().enumerate() {
+                    write!(f, "{}{flag}: {why}", if i == 0 { "" } else { "; " })?;
+                }
+                Ok(())
             }
             IfaceError::PublicNotHere { ip, source } => {
                 let family = IpFamily::of(*ip);
@@ -72,6 +77,37 @@ impl fmt::Display for IfaceError {
 }
 
 impl std::error::Error for IfaceError {}
+
+/// Why one `--iface`, `--iface-regex` or `--iface-can-reach` found no interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unfit {
+    /// An address of a family the network does not use.
+    OtherFamily(IpFamily),
+    NoSuchAddress,
+    NoSuchName,
+    NoMatch,
+    NoRoute,
+    /// It found one, which has not what the network needs.
+    Found(Box<IfaceError>),
+}
+
+impl fmt::Display for Unfit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unfit::OtherFamily(family) => write!(
+                f,
+                "an {} address, and the network has no {}",
+                family.name(),
+                family.name()
+            ),
+            Unfit::NoSuchAddress => f.write_str("no interface has this address"),
+            Unfit::NoSuchName => f.write_str("no interface of this name"),
+            Unfit::NoMatch => f.write_str("no interface name or address matches"),
+            Unfit::NoRoute => f.write_str("no route reaches it"),
+            Unfit::Found(e) => e.fmt(f),
+        }
+    }
+}
 
 fn public_flag(family: IpFamily) -> &'static str {
     match family {
@@ -175,6 +211,21 @@ impl Wanted {
             .into_iter()
             .filter(|&f| self.uses(f))
             .collect()
+    }
+
+    /// Takes `ip` as the public address of its family, as the annotation `annotation` gives it
+    /// in place of the flag.
+    pub fn set_public(&mut self, ip: IpAddr, annotation: String) {
+        match ip {
+            IpAddr::V4(a) => {
+                self.public_ip = Some(a);
+                self.public_ip_annotation = Some(annotation);
+            }
+            IpAddr::V6(a) => {
+                self.public_ipv6 = Some(a);
+                self.public_ipv6_annotation = Some(annotation);
+            }
+        }
     }
 }
 
@@ -307,26 +358,22 @@ fn holder(links: &[LinkFacts], ip: IpAddr) -> Option<Found<'_>> {
 
 /// `--iface <name>` or `--iface <address>`; an address of a family the network does not use
 /// finds nothing, as in flanneld.
-fn by_iface<'a>(links: &'a [LinkFacts], w: &str, want: &Wanted) -> Result<Found<'a>, String> {
+fn by_iface<'a>(links: &'a [LinkFacts], w: &str, want: &Wanted) -> Result<Found<'a>, Unfit> {
     match w.parse::<IpAddr>() {
-        Ok(ip) if !want.uses(IpFamily::of(ip)) => Err(format!(
-            "an {} address, and the network has no {}",
-            IpFamily::of(ip).name(),
-            IpFamily::of(ip).name()
-        )),
-        Ok(ip) => holder(links, ip).ok_or_else(|| "no interface has this address".into()),
+        Ok(ip) if !want.uses(IpFamily::of(ip)) => Err(Unfit::OtherFamily(IpFamily::of(ip))),
+        Ok(ip) => holder(links, ip).ok_or(Unfit::NoSuchAddress),
         Err(_) => links
             .iter()
             .find(|l| l.name == w)
             .map(Found::link)
-            .ok_or_else(|| "no interface of this name".into()),
+            .ok_or(Unfit::NoSuchName),
     }
 }
 
 /// `--iface-regex`: the first interface with a matching address of every family the network
 /// uses, else the first whose name matches (flanneld's two passes), else the first with a
 /// matching address of one family (where flanneld finds none in dual-stack).
-fn by_regex<'a>(links: &'a [LinkFacts], re: &Regex, want: &Wanted) -> Result<Found<'a>, String> {
+fn by_regex<'a>(links: &'a [LinkFacts], re: &Regex, want: &Wanted) -> Result<Found<'a>, Unfit> {
     let families = want.families();
     let matching = |l: &'a LinkFacts| -> Vec<IpAddr> {
         families
@@ -348,17 +395,13 @@ fn by_regex<'a>(links: &'a [LinkFacts], re: &Regex, want: &Wanted) -> Result<Fou
     by_addresses(true)
         .or_else(|| links.iter().find(|l| re.is_match(&l.name)).map(Found::link))
         .or_else(|| by_addresses(false))
-        .ok_or_else(|| "no interface name or address matches".into())
+        .ok_or(Unfit::NoMatch)
 }
 
 /// `--iface-can-reach`: the interface of the route to `dst`; where `dst` is on a subnet of one
 /// of its addresses, that address, as the kernel's source for it (flanneld takes the route's
 /// source).
-fn by_route<'a>(
-    links: &'a [LinkFacts],
-    routes: &[Route],
-    dst: IpAddr,
-) -> Result<Found<'a>, String> {
+fn by_route<'a>(links: &'a [LinkFacts], routes: &[Route], dst: IpAddr) -> Result<Found<'a>, Unfit> {
     route_to(routes, dst)
         .and_then(|r| r.oif)
         .and_then(|i| links.iter().find(|l| l.index == i))
@@ -372,7 +415,7 @@ fn by_route<'a>(
                 .take(1)
                 .collect(),
         })
-        .ok_or_else(|| "no route reaches it".into())
+        .ok_or(Unfit::NoRoute)
 }
 
 /// Without interface flags: the interface holding the public address (IPv4's first), else
@@ -477,9 +520,9 @@ pub fn choose(
     });
     let mut tried = Vec::new();
     for (flag, found) in ifaces.chain(regexes).chain(reach) {
-        match found.and_then(|f| fit(&f, want).map_err(|e| e.to_string())) {
+        match found.and_then(|f| fit(&f, want).map_err(|e| Unfit::Found(Box::new(e)))) {
             Ok(ext) => return Ok(ext),
-            Err(why) => tried.push(format!("{flag}: {why}")),
+            Err(why) => tried.push((flag, why)),
         }
     }
     Err(IfaceError::NoneFits(tried))

@@ -93,6 +93,14 @@ impl Settings {
     }
 }
 
+/// A variable of Go's flanneld's environment with a value Go's flanneld ends its start for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?} is not a number")]
+pub struct NotANumber {
+    pub name: &'static str,
+    pub value: String,
+}
+
 /// What Go's flanneld reads from its environment besides the flags, as this one takes it
 /// (`lookup` is the environment): a note for each variable that is set, a warning (true) when
 /// its value is not the one kube-flannel.yml sets; Err for a value Go's flanneld ends its start
@@ -100,12 +108,15 @@ impl Settings {
 pub fn go_environment(
     kube: bool,
     lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Vec<(bool, String)>, String> {
+) -> Result<Vec<(bool, String)>, NotANumber> {
     let mut notes = Vec::new();
     if let Some(depth) = lookup("EVENT_QUEUE_DEPTH") {
         // Go's kube mode refuses a value that is not a number; it reads it nowhere else.
         if kube && depth.trim().parse::<i64>().is_err() {
-            return Err(format!("EVENT_QUEUE_DEPTH={depth:?} is not a number"));
+            return Err(NotANumber {
+                name: "EVENT_QUEUE_DEPTH",
+                value: depth,
+            });
         }
         notes.push((
             depth.trim() != "5000",
@@ -252,7 +263,9 @@ mod tests {
             [false, false]
         );
         // Go's kube mode ends its start for a depth that is not a number; etcd mode never reads it.
-        let e = go_environment(true, env(&[("EVENT_QUEUE_DEPTH", "lots")])).unwrap_err();
+        let e = go_environment(true, env(&[("EVENT_QUEUE_DEPTH", "lots")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("EVENT_QUEUE_DEPTH") && e.contains("lots"), "{e}");
         assert_eq!(
             go_environment(false, env(&[("EVENT_QUEUE_DEPTH", "lots")]))

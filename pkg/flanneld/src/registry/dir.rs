@@ -3,13 +3,9 @@
 //! value and its expiry; writes go through a temporary file and a rename under an exclusive
 //! lock, and whoever reads an expired lease removes it.
 
-use super::{
-    choose_and_create, Acquired, Change, Entry, KeyValue, LeaseRequest, Listing, Registry,
-    RegistryError, Result, WatchEnd,
-};
-use crate::lease::{Lease, SubnetKey};
+use super::{Change, Entry, KeyValue, Listing, RegistryError, Result, WatchEnd};
+use crate::lease::SubnetKey;
 use crate::view::BadEntry;
-use futures::future::BoxFuture;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -191,18 +187,6 @@ impl DirRegistry {
 }
 
 impl DirRegistry {
-    pub fn describe(&self) -> String {
-        format!("the embedded registry in {}", self.root.display())
-    }
-
-    pub fn config_location(&self) -> String {
-        format!(
-            "{} or {}",
-            self.root.join("config").display(),
-            self.fallback_config.display()
-        )
-    }
-
     async fn read_config(&self) -> Result<Option<Vec<u8>>> {
         for path in [self.root.join("config"), self.fallback_config.clone()] {
             match tokio::fs::read(&path).await {
@@ -218,39 +202,6 @@ impl DirRegistry {
         self.blocking(|r| r.list_now()).await
     }
 
-    async fn create_lease(
-        &self,
-        key: &SubnetKey,
-        value: &str,
-        ttl: Duration,
-    ) -> Result<SystemTime> {
-        let (key, value) = (*key, value.to_string());
-        self.blocking(move |r| r.create_now(&key, &value, ttl))
-            .await
-    }
-
-    async fn put_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
-        let (key, value) = (*key, value.to_string());
-        self.blocking(move |r| {
-            let _lock = r.lock()?;
-            r.write_lease(&key, &value, ttl)
-        })
-        .await
-    }
-
-    async fn delete_lease(&self, key: &SubnetKey) -> Result<()> {
-        let path = self.subnets().join(key.to_string());
-        self.blocking(move |r| {
-            let _lock = r.lock()?;
-            match fs::remove_file(&path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(file("removing", &path)(e)),
-            }
-        })
-        .await
-    }
-
     /// Polls the directory and sends the whole set whenever a lease's value changed, one
     /// appeared, or one went (deleted or expired).
     async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
@@ -261,7 +212,7 @@ impl DirRegistry {
             ticker.tick().await;
             let listing = match self.list_leases().await {
                 Ok(l) => l,
-                Err(e) => return WatchEnd::Broken(e.to_string()),
+                Err(e) => return WatchEnd::Broken(e),
             };
             // Unreadable files count too, so that a new one is reported.
             let now: BTreeMap<String, Vec<u8>> = listing
@@ -286,53 +237,65 @@ impl DirRegistry {
     }
 }
 
-impl Registry for DirRegistry {
+impl KeyValue for DirRegistry {
     fn describe(&self) -> String {
-        DirRegistry::describe(self)
+        format!("the embedded registry in {}", self.root.display())
     }
 
     fn config_location(&self) -> String {
-        DirRegistry::config_location(self)
+        format!(
+            "{} or {}",
+            self.root.join("config").display(),
+            self.fallback_config.display()
+        )
     }
 
-    fn config(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
-        Box::pin(self.read_config())
+    async fn config(&self) -> Result<Option<Vec<u8>>> {
+        self.read_config().await
     }
 
-    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Acquired>> {
-        Box::pin(async move { Ok(choose_and_create(self, req).await) })
+    async fn list(&self) -> Result<Listing> {
+        self.list_leases().await
     }
 
-    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<SystemTime>> {
-        Box::pin(async move { self.put_lease(&lease.key, &lease.attrs.encode(), ttl).await })
+    async fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        self.follow(tx).await
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Listing>> {
-        Box::pin(self.list_leases())
-    }
-
-    fn watch(&self, _revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
-        Box::pin(self.follow(tx))
-    }
-}
-
-impl KeyValue for DirRegistry {
+    /// The directory has no revisions: the lock makes a create and the check that no lease
+    /// shares its subnets one step.
     async fn create(
         &self,
         key: &SubnetKey,
         value: &str,
         ttl: Duration,
-        _: i64,
+        _listed: i64,
     ) -> Result<SystemTime> {
-        self.create_lease(key, value, ttl).await
+        let (key, value) = (*key, value.to_string());
+        self.blocking(move |r| r.create_now(&key, &value, ttl))
+            .await
     }
 
     async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
-        self.put_lease(key, value, ttl).await
+        let (key, value) = (*key, value.to_string());
+        self.blocking(move |r| {
+            let _lock = r.lock()?;
+            r.write_lease(&key, &value, ttl)
+        })
+        .await
     }
 
     async fn delete(&self, key: &SubnetKey) -> Result<()> {
-        self.delete_lease(key).await
+        let path = self.subnets().join(key.to_string());
+        self.blocking(move |r| {
+            let _lock = r.lock()?;
+            match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(file("removing", &path)(e)),
+            }
+        })
+        .await
     }
 }
 

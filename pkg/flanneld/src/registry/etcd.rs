@@ -2,16 +2,12 @@
 //! created in a transaction guarded by its key not existing and attached to an etcd lease.
 
 use super::cause::{connection_cause, Peer};
-use super::{
-    choose_and_create, Acquired, Change, Entry, KeyValue, LeaseRequest, Listing, Registry,
-    RegistryError, Result, WatchEnd,
-};
-use crate::lease::{Lease, SubnetKey};
+use super::{Change, Entry, KeyValue, Listing, RegistryError, Result, WatchEnd};
+use crate::lease::SubnetKey;
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use futures::future::BoxFuture;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
@@ -297,22 +293,6 @@ impl EtcdRegistry {
 }
 
 impl EtcdRegistry {
-    pub fn describe(&self) -> String {
-        format!(
-            "etcd at {} (prefix {})",
-            self.opts.endpoints.join(","),
-            self.opts.prefix
-        )
-    }
-
-    pub fn config_location(&self) -> String {
-        format!(
-            "{}/config in etcd at {}",
-            self.opts.prefix,
-            self.opts.endpoints.join(",")
-        )
-    }
-
     async fn read_config(&self) -> Result<Option<Vec<u8>>> {
         let mut c = self.client().await?;
         let key = format!("{}/config", self.opts.prefix);
@@ -354,7 +334,98 @@ impl EtcdRegistry {
         })
     }
 
-    async fn create_lease(
+    async fn follow(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let prefix = self.subnets_prefix();
+        let mut c = match self.client().await {
+            Ok(c) => c.watch_client().max_decoding_message_size(MAX_ANSWER),
+            Err(e) => return WatchEnd::Broken(e),
+        };
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let mut stream = match timed(
+            &self.opts,
+            &format!("watching {prefix}"),
+            c.watch(prefix.as_str(), Some(opts)),
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => return WatchEnd::Broken(e),
+        };
+        loop {
+            let resp = match stream.message().await {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    let why = format!("the watch on {prefix} ended");
+                    return WatchEnd::Broken(RegistryError::WatchEnded(why));
+                }
+                Err(source) => {
+                    return WatchEnd::Broken(RegistryError::Etcd {
+                        what: format!("watching {prefix}"),
+                        cause: etcd_cause(&source, &self.opts),
+                        source,
+                    })
+                }
+            };
+            if resp.compact_revision() > 0 {
+                return WatchEnd::Compacted(resp.compact_revision());
+            }
+            if resp.canceled() {
+                let why = format!(
+                    "etcd cancelled the watch on {prefix}: {}",
+                    resp.cancel_reason()
+                );
+                return WatchEnd::Broken(RegistryError::WatchEnded(why));
+            }
+            for ev in resp.events() {
+                let Some(kv) = ev.kv() else { continue };
+                let key = lease_name(&prefix, kv.key());
+                let change = match ev.event_type() {
+                    EventType::Put => Change::Put(Entry {
+                        key,
+                        value: kv.value().to_vec(),
+                    }),
+                    EventType::Delete => Change::Delete(key),
+                };
+                if tx.send(change).await.is_err() {
+                    return WatchEnd::Closed;
+                }
+            }
+        }
+    }
+}
+
+impl KeyValue for EtcdRegistry {
+    fn describe(&self) -> String {
+        format!(
+            "etcd at {} (prefix {})",
+            self.opts.endpoints.join(","),
+            self.opts.prefix
+        )
+    }
+
+    fn config_location(&self) -> String {
+        format!(
+            "{}/config in etcd at {}",
+            self.opts.prefix,
+            self.opts.endpoints.join(",")
+        )
+    }
+
+    async fn config(&self) -> Result<Option<Vec<u8>>> {
+        self.read_config().await
+    }
+
+    async fn list(&self) -> Result<Listing> {
+        self.list_leases().await
+    }
+
+    async fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
+        self.follow(revision, tx).await
+    }
+
+    async fn create(
         &self,
         key: &SubnetKey,
         value: &str,
@@ -382,7 +453,7 @@ impl EtcdRegistry {
         }
     }
 
-    async fn put_lease(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
+    async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
         let mut c = self.client().await?;
@@ -399,7 +470,7 @@ impl EtcdRegistry {
         Ok(SystemTime::now() + ttl)
     }
 
-    async fn delete_lease(&self, key: &SubnetKey) -> Result<()> {
+    async fn delete(&self, key: &SubnetKey) -> Result<()> {
         let path = self.lease_key(key);
         let mut c = self.client().await?;
         timed(
@@ -409,111 +480,5 @@ impl EtcdRegistry {
         )
         .await?;
         Ok(())
-    }
-
-    async fn follow(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
-        let prefix = self.subnets_prefix();
-        let mut c = match self.client().await {
-            Ok(c) => c.watch_client().max_decoding_message_size(MAX_ANSWER),
-            Err(e) => return WatchEnd::Broken(e.to_string()),
-        };
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(revision + 1);
-        let mut stream = match timed(
-            &self.opts,
-            &format!("watching {prefix}"),
-            c.watch(prefix.as_str(), Some(opts)),
-        )
-        .await
-        {
-            Ok(s) => s,
-            Err(e) => return WatchEnd::Broken(e.to_string()),
-        };
-        loop {
-            let resp = match stream.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => return WatchEnd::Broken(format!("the watch on {prefix} ended")),
-                Err(e) => {
-                    return WatchEnd::Broken(format!(
-                        "watching {prefix}: {}",
-                        etcd_cause(&e, &self.opts)
-                    ))
-                }
-            };
-            if resp.compact_revision() > 0 {
-                return WatchEnd::Compacted(resp.compact_revision());
-            }
-            if resp.canceled() {
-                return WatchEnd::Broken(format!(
-                    "etcd cancelled the watch on {prefix}: {}",
-                    resp.cancel_reason()
-                ));
-            }
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                let key = lease_name(&prefix, kv.key());
-                let change = match ev.event_type() {
-                    EventType::Put => Change::Put(Entry {
-                        key,
-                        value: kv.value().to_vec(),
-                    }),
-                    EventType::Delete => Change::Delete(key),
-                };
-                if tx.send(change).await.is_err() {
-                    return WatchEnd::Closed;
-                }
-            }
-        }
-    }
-}
-
-impl Registry for EtcdRegistry {
-    fn describe(&self) -> String {
-        EtcdRegistry::describe(self)
-    }
-
-    fn config_location(&self) -> String {
-        EtcdRegistry::config_location(self)
-    }
-
-    fn config(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
-        Box::pin(self.read_config())
-    }
-
-    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Acquired>> {
-        Box::pin(async move { Ok(choose_and_create(self, req).await) })
-    }
-
-    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<SystemTime>> {
-        Box::pin(async move { self.put_lease(&lease.key, &lease.attrs.encode(), ttl).await })
-    }
-
-    fn list(&self) -> BoxFuture<'_, Result<Listing>> {
-        Box::pin(self.list_leases())
-    }
-
-    fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
-        Box::pin(self.follow(revision, tx))
-    }
-}
-
-impl KeyValue for EtcdRegistry {
-    async fn create(
-        &self,
-        key: &SubnetKey,
-        value: &str,
-        ttl: Duration,
-        listed: i64,
-    ) -> Result<SystemTime> {
-        self.create_lease(key, value, ttl, listed).await
-    }
-
-    async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
-        self.put_lease(key, value, ttl).await
-    }
-
-    async fn delete(&self, key: &SubnetKey) -> Result<()> {
-        self.delete_lease(key).await
     }
 }

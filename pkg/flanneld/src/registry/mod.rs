@@ -55,11 +55,11 @@ pub enum Change {
 }
 
 /// Why a watch ended; the daemon lists again and watches anew.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum WatchEnd {
     /// The revision to resume from was compacted away.
     Compacted(i64),
-    Broken(String),
+    Broken(RegistryError),
     /// Nobody listens any more.
     Closed,
 }
@@ -115,6 +115,10 @@ pub enum RegistryError {
     /// The blocking task a request ran in ended without an answer.
     #[error("registry task: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A watch the registry ended or cancelled (`why`, in its words), or one that could not
+    /// go on.
+    #[error("{0}")]
+    WatchEnded(String),
     /// A lease of a registry whose leases do not expire was to be renewed.
     #[error("the leases of {0} do not expire")]
     DoesNotExpire(String),
@@ -206,8 +210,27 @@ pub trait Registry: Send + Sync {
 }
 
 /// A registry where the node chooses its own subnet and creates its lease, as the key-value
-/// stores (etcd, the directory) keep them: what [`choose_and_create`] needs of it.
-pub trait KeyValue: Registry {
+/// stores (etcd, the directory) keep them. Such a registry is a [`Registry`]: it acquires by
+/// [`choose_and_create`] and renews by writing the lease again.
+pub trait KeyValue: Send + Sync {
+    /// Where the registry is, for log lines.
+    fn describe(&self) -> String;
+
+    /// Where the network config is looked for, for log lines.
+    fn config_location(&self) -> String;
+
+    /// The network config's text, or None while there is none.
+    fn config(&self) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+
+    fn list(&self) -> impl Future<Output = Result<Listing>> + Send;
+
+    /// Sends every change after `revision` until the watch breaks; says why it ended.
+    fn watch(
+        &self,
+        revision: i64,
+        tx: mpsc::Sender<Change>,
+    ) -> impl Future<Output = WatchEnd> + Send;
+
     /// Creates the lease only if no lease holds either of its subnets; returns its expiry.
     /// `listed` is the revision of the listing the subnet was chosen from: a registry that
     /// has revisions refuses the create when any lease was created after it, since a key
@@ -229,6 +252,36 @@ pub trait KeyValue: Registry {
     ) -> impl Future<Output = Result<SystemTime>> + Send;
 
     fn delete(&self, key: &SubnetKey) -> impl Future<Output = Result<()>> + Send;
+}
+
+impl<T: KeyValue> Registry for T {
+    fn describe(&self) -> String {
+        KeyValue::describe(self)
+    }
+
+    fn config_location(&self) -> String {
+        KeyValue::config_location(self)
+    }
+
+    fn config(&self) -> BoxFuture<'_, Result<Option<Vec<u8>>>> {
+        Box::pin(KeyValue::config(self))
+    }
+
+    fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, Result<Acquired>> {
+        Box::pin(async move { Ok(choose_and_create(self, req).await) })
+    }
+
+    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<SystemTime>> {
+        Box::pin(async move { self.put(&lease.key, &lease.attrs.encode(), ttl).await })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Listing>> {
+        Box::pin(KeyValue::list(self))
+    }
+
+    fn watch(&self, revision: i64, tx: mpsc::Sender<Change>) -> BoxFuture<'_, WatchEnd> {
+        Box::pin(KeyValue::watch(self, revision, tx))
+    }
 }
 
 /// Which registry the flags choose, with its options.
@@ -365,7 +418,7 @@ pub async fn choose_and_create<R: KeyValue>(reg: &R, req: &LeaseRequest<'_>) -> 
     let value = req.attrs.encode();
     loop {
         let listing = list_until_ok(reg).await;
-        let leases = decoded(&listing, &reg.describe());
+        let leases = decoded(&listing, &KeyValue::describe(reg));
         let plan = match alloc::choose(req.config, &leases, &req.node, req.previous, &mut |n| {
             fastrand::usize(..n)
         }) {

@@ -205,29 +205,42 @@ impl Pace {
     }
 }
 
+/// Why there is no in-cluster configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum NotInCluster {
+    #[error(
+        "not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not both set"
+    )]
+    NoService,
+    #[error("the service account token {}: {source}", path.display())]
+    Token {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the in-cluster configuration: {0}")]
+    Kubeconfig(#[from] serde_json::Error),
+}
+
 /// client-go's in-cluster configuration as a kubeconfig: `https://$KUBERNETES_SERVICE_HOST:
 /// $KUBERNETES_SERVICE_PORT`, the service account's token (read again as it rotates) and CA.
 pub fn in_cluster_kubeconfig(
     host: Option<&str>,
     port: Option<&str>,
     dir: &Path,
-) -> Result<kube::config::Kubeconfig, String> {
+) -> Result<kube::config::Kubeconfig, NotInCluster> {
     let (Some(host), Some(port)) = (
         host.filter(|h| !h.is_empty()),
         port.filter(|p| !p.is_empty()),
     ) else {
-        return Err(
-            "not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT \
-                    are not both set"
-                .into(),
-        );
+        return Err(NotInCluster::NoService);
     };
     let token = dir.join("token");
-    if let Err(e) = std::fs::metadata(&token) {
-        return Err(format!(
-            "the service account token {}: {e}",
-            token.display()
-        ));
+    if let Err(source) = std::fs::metadata(&token) {
+        return Err(NotInCluster::Token {
+            path: token,
+            source,
+        });
     }
     let host = if host.contains(':') {
         format!("[{host}]")
@@ -239,15 +252,14 @@ pub fn in_cluster_kubeconfig(
     if ca.exists() {
         cluster["certificate-authority"] = ca.display().to_string().into();
     }
-    serde_json::from_value(json!({
+    Ok(serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "in-cluster", "cluster": cluster}],
         "users": [{"name": "service-account", "user": {"tokenFile": token.display().to_string()}}],
         "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "service-account"}}],
         "current-context": "in-cluster",
-    }))
-    .map_err(|e| format!("the in-cluster configuration: {e}"))
+    }))?)
 }
 
 /// Where this node's name comes from: `NODE_NAME`, else the pod's `spec.nodeName`.
@@ -818,6 +830,7 @@ mod tests {
         assert!(
             in_cluster_kubeconfig(Some("10.96.0.1"), Some("443"), dir.path())
                 .unwrap_err()
+                .to_string()
                 .contains("token")
         );
         std::fs::write(dir.path().join("token"), "t0ken").unwrap();

@@ -38,7 +38,7 @@ use crate::view::warn_skipped;
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -137,21 +137,12 @@ impl KubeRegistry {
         let read = tokio::time::timeout(Duration::from_secs(5), self.annotated_public_ips()).await;
         match read {
             Ok(Ok((v4, v6))) => {
-                if let Some(ip) = v4 {
-                    info!(
-                        "public address {ip} from annotation {}",
-                        self.names.node_public_ip
-                    );
-                    wanted.public_ip = Some(ip);
-                    wanted.public_ip_annotation = Some(self.names.node_public_ip.clone());
-                }
-                if let Some(ip) = v6 {
-                    info!(
-                        "public address {ip} from annotation {}",
-                        self.names.node_public_ipv6
-                    );
-                    wanted.public_ipv6 = Some(ip);
-                    wanted.public_ipv6_annotation = Some(self.names.node_public_ipv6.clone());
+                let names = [&self.names.node_public_ip, &self.names.node_public_ipv6];
+                let ips = [v4.map(IpAddr::V4), v6.map(IpAddr::V6)];
+                for (ip, name) in ips.into_iter().zip(names) {
+                    let Some(ip) = ip else { continue };
+                    info!("public address {ip} from annotation {name}");
+                    wanted.set_public(ip, name.clone());
                 }
             }
             Ok(Err(RegistryError::Kube(KubeError::NotFound(_)))) => {}
@@ -321,7 +312,11 @@ impl KubeRegistry {
         loop {
             let rv = match self.lock().as_ref() {
                 Some(w) => w.resource_version().to_string(),
-                None => return WatchEnd::Broken("the nodes were never listed".into()),
+                None => {
+                    return WatchEnd::Broken(RegistryError::WatchEnded(
+                        "the nodes were never listed".into(),
+                    ))
+                }
             };
             let started = Instant::now();
             let mut seen = 0usize;
@@ -345,7 +340,11 @@ impl KubeRegistry {
                     let step = match item {
                         Ok(ev) => match self.lock().as_mut() {
                             Some(w) => w.event(ev),
-                            None => return WatchEnd::Broken("the nodes were never listed".into()),
+                            None => {
+                                return WatchEnd::Broken(RegistryError::WatchEnded(
+                                    "the nodes were never listed".into(),
+                                ))
+                            }
                         },
                         Err(e) => break Some(e.to_string()),
                     };
