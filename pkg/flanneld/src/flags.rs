@@ -28,10 +28,9 @@ fn regex(s: &str) -> Result<regex::Regex, String> {
     name = "flanneld",
     about = "The flannel fabric daemon: takes a subnet lease for this node, writes subnet.env for the \
              flannel CNI plugin and follows the other nodes' leases.",
-    after_help = "`flanneld doctor [FLAGS] [--json] [--fix]` reads the registry and the kernel with \
-                  the same flags, without a daemon, and reports every missing, extra or wrong \
-                  entry; --fix then writes them once and looks again. Exit status 0 when all is \
-                  (or, with --fix, has been made) right, 1 otherwise.",
+    after_help = "`flanneld doctor [FLAGS] [--json] [--fix]` looks at this node as the daemon would \
+                  find it, with the same flags and nothing written: `flanneld doctor --help` says \
+                  what it checks.",
     disable_version_flag = true,
     // Go's flag package: a flag given twice takes the last value (-iface and -iface-regex add).
     args_override_self = true
@@ -247,15 +246,6 @@ pub struct Flags {
     /// Print the version and exit.
     #[arg(long)]
     pub version: bool,
-
-    /// With `flanneld doctor`: print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
-
-    /// With `flanneld doctor`: write what is missing or wrong once (the daemon's pass, without
-    /// the daemon), then look again.
-    #[arg(long)]
-    pub fix: bool,
 
     /// Log lines as plain text, or as one JSON object each for log collectors.
     #[arg(long, env = "FLANNELD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
@@ -543,6 +533,88 @@ impl KlogFlags {
             }
         }
         out
+    }
+}
+
+/// What `flanneld doctor` checks, for its help.
+const DOCTOR_ABOUT: &str =
+    "One look at this node as the flanneld daemon would find it, with nothing \
+written. It takes the daemon's own flags (the same registry, interface and subnet file, so a \
+unit's or a DaemonSet's arguments work unchanged), reads the network config and this node's \
+lease from the registry, chooses the external interface as the daemon does, and compares what \
+the node should be with what it holds: the backend's devices (their attributes, the identity the \
+lease announces, this node's address on them, up); what each other node's lease calls for in \
+the kernel (routes, nexthop objects, neighbours, FDB entries, a WireGuard device's peers); \
+subnet.env (both families' subnets and networks, FLANNEL_IPMASQ, and the MTU chain: external \
+interface -> device -> FLANNEL_MTU); the masquerade and forward rules of --ip-masq and \
+--iptables-forward-rules; the blackhole routes of --ip-blackhole-route. Each finding is one \
+line: ok or FAIL, what it is, its state (ok, missing, wrong or extra) and the thing itself, \
+devices by name.";
+
+/// `flanneld doctor`'s exit statuses, for its help.
+const DOCTOR_EXIT: &str = "Exit status: 0 when all is right (with --fix: when all has been made \
+right); 1 when anything is missing, wrong or extra, the registry's answer included; 2 for a bad \
+flag or a registry set up wrong (an unreadable TLS file, no kubeconfig, no node name).";
+
+/// `flanneld doctor`'s command line: the daemon's flags, and its own.
+#[derive(Debug, Clone)]
+pub struct DoctorFlags {
+    pub flags: Flags,
+    /// `--json`: the findings as JSON.
+    pub json: bool,
+    /// `--fix`: the plans applied once, then a second look.
+    pub fix: bool,
+}
+
+impl DoctorFlags {
+    /// `flanneld doctor`'s command: the daemon's flags with a help of its own.
+    pub fn command() -> clap::Command {
+        use clap::{Arg, ArgAction, CommandFactory};
+        Flags::command()
+            .mut_args(|a| match a.get_help_heading() {
+                Some(_) => a,
+                None => a.help_heading("The daemon's flags, which doctor takes as the daemon does"),
+            })
+            .name("flanneld doctor")
+            .bin_name("flanneld doctor")
+            .about(DOCTOR_ABOUT)
+            .after_help(DOCTOR_EXIT)
+            .arg(
+                Arg::new("json")
+                    .long("json")
+                    .action(ArgAction::SetTrue)
+                    .help_heading(None::<&str>)
+                    .display_order(0)
+                    .help(
+                        "Print the findings as JSON: {\"findings\": [{\"kind\", \"state\", \
+                         \"detail\"}, ...]}, and with --fix the second look as \"after_fix\"",
+                    ),
+            )
+            .arg(
+                Arg::new("fix")
+                    .long("fix")
+                    .action(ArgAction::SetTrue)
+                    .help_heading(None::<&str>)
+                    .display_order(1)
+                    .help(
+                        "When anything is missing, wrong or extra: write what the look found to \
+                         write, once (the daemon's pass, without the daemon), then look again \
+                         and print both looks",
+                    ),
+            )
+    }
+
+    /// Parses `flanneld doctor`'s arguments (`args[0]` the program, `doctor` taken out).
+    pub fn try_parse_from(
+        args: impl IntoIterator<Item = String>,
+    ) -> Result<DoctorFlags, clap::Error> {
+        use clap::FromArgMatches;
+        let matches = DoctorFlags::command().try_get_matches_from(normalise_args(args))?;
+        Ok(DoctorFlags {
+            flags: Flags::from_arg_matches(&matches)?,
+            json: matches.get_flag("json"),
+            fix: matches.get_flag("fix"),
+        })
     }
 }
 

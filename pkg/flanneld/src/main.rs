@@ -3,7 +3,7 @@
 use clap::Parser;
 use flanneld::daemon::{self, Exit};
 use flanneld::doctor;
-use flanneld::flags::{normalise_args, Flags};
+use flanneld::flags::{normalise_args, DoctorFlags, Flags};
 use flanneld::iface::Interfaces;
 use flanneld::registry;
 use flanneld::settings::{go_environment, Settings};
@@ -14,26 +14,39 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
-fn main() -> ExitCode {
-    let mut args: Vec<String> = std::env::args().collect();
-    let doctor = args.get(1).is_some_and(|a| a == "doctor");
-    if doctor {
+/// What the command line asks for: the daemon, or one look (`flanneld doctor`).
+enum Command {
+    Serve(Flags),
+    Doctor(DoctorFlags),
+}
+
+fn parse(mut args: Vec<String>) -> Result<Command, clap::Error> {
+    if args.get(1).is_some_and(|a| a == "doctor") {
         args.remove(1);
+        return DoctorFlags::try_parse_from(args).map(Command::Doctor);
     }
-    let flags = match Flags::try_parse_from(normalise_args(args)) {
-        Ok(f) => f,
+    Flags::try_parse_from(normalise_args(args)).map(Command::Serve)
+}
+
+fn main() -> ExitCode {
+    let command = match parse(std::env::args().collect()) {
+        Ok(c) => c,
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
+    let flags = match &command {
+        Command::Serve(f) => f,
+        Command::Doctor(d) => &d.flags,
+    };
     if flags.version {
         println!("{}", version());
         return ExitCode::SUCCESS;
     }
-    init_logs(&flags);
+    init_logs(flags);
 
-    let settings = Settings::from_flags(&flags);
+    let settings = Settings::from_flags(flags);
     info!("{}", settings.registry.describe());
     for ignored in flags.klog.ignored() {
         warn!("{ignored}");
@@ -72,10 +85,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = if doctor {
-        runtime.block_on(doctor_run(&flags, &settings, ifaces))
-    } else {
-        runtime.block_on(serve(&flags, &settings, ifaces))
+    let code = match &command {
+        Command::Doctor(d) => runtime.block_on(doctor_run(d, &settings, ifaces)),
+        Command::Serve(f) => runtime.block_on(serve(f, &settings, ifaces)),
     };
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
@@ -157,7 +169,7 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
 }
 
 /// `flanneld doctor`: one look at the registry and the kernel, no daemon.
-async fn doctor_run(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
+async fn doctor_run(flags: &DoctorFlags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
     let reg = match registry::open(&settings.registry).await {
         Ok(r) => r,
         Err(e) => {

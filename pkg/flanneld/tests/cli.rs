@@ -64,6 +64,42 @@ fn help_explains_every_flag() {
     }
 }
 
+#[test]
+fn doctor_help_says_what_it_checks_its_own_flags_and_its_exit_statuses() {
+    let out = run(&["doctor", "--help"]);
+    assert!(out.status.success());
+    // As one line: the help is wrapped to the terminal's width.
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(help.starts_with("One look at this node"), "{help}");
+    for want in [
+        "Usage: flanneld doctor",
+        "--json",
+        "--fix",
+        "subnet.env",
+        "Exit status: 0",
+        "1 when anything is missing, wrong or extra",
+        "2 for a bad flag",
+        // The daemon's flags, which it takes too.
+        "--registry-dir",
+        "--kube-subnet-mgr",
+    ] {
+        assert!(help.contains(want), "doctor --help lacks {want:?}:\n{help}");
+    }
+    // The daemon takes neither of doctor's own flags.
+    assert_eq!(run(&["--fix"]).status.code(), Some(2));
+    let daemon = String::from_utf8_lossy(&run(&["--help"]).stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        daemon.contains("`flanneld doctor --help` says what it checks"),
+        "{daemon}"
+    );
+}
+
 /// The workspace's commit as git gives it, when the tests run in a git checkout of it.
 fn checkout_commit() -> Option<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
