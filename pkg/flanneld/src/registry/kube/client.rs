@@ -385,7 +385,103 @@ fn describe_kubeconfig(kc: &Kubeconfig, source: &str) -> (String, Option<String>
 
 const NODES: &str = "/api/v1/nodes";
 
+/// The `host:port` a URL connects to, its scheme's port where it names none.
+fn host_port(url: &http::Uri) -> String {
+    match url.authority() {
+        Some(a) if a.port().is_some() => a.to_string(),
+        Some(a) => {
+            let port = if url.scheme_str() == Some("http") {
+                80
+            } else {
+                443
+            };
+            format!("{}:{port}", a.host())
+        }
+        None => url.to_string(),
+    }
+}
+
 impl KubeClient {
+    /// Where the API server is and how it is reached, from the flags as flanneld takes them:
+    /// a kubeconfig, or the URL alone, or else the in-cluster configuration, or else
+    /// `$KUBECONFIG` / `~/.kube/config`; with the words its CA and credentials are said in,
+    /// and where its address comes from.
+    async fn configure(
+        api_url: Option<&str>,
+        kubeconfig: Option<&Path>,
+    ) -> Result<(kube::Config, (String, Option<String>, String), String), KubeError> {
+        let options = kube::config::KubeConfigOptions::default();
+        let cfg_err = |what: String| {
+            move |e: kube::config::KubeconfigError| KubeError::Config(format!("{what}: {e}"))
+        };
+        Ok(match (api_url, kubeconfig) {
+            (_, Some(path)) => {
+                let what = format!("--kubeconfig-file {}", path.display());
+                let kc = Kubeconfig::read_from(path).map_err(cfg_err(what.clone()))?;
+                let described = describe_kubeconfig(&kc, &path.display().to_string());
+                let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(cfg_err(what))?;
+                (
+                    config,
+                    described,
+                    format!("the server of {}", path.display()),
+                )
+            }
+            (Some(url), None) => (
+                kube::Config::new(
+                    url.parse()
+                        .map_err(|e| KubeError::Config(format!("--kube-api-url {url:?}: {e}")))?,
+                ),
+                (
+                    "this machine's trusted CAs (--kube-api-url without a kubeconfig)".into(),
+                    None,
+                    "no credentials (--kube-api-url without a kubeconfig)".into(),
+                ),
+                "--kube-api-url".into(),
+            ),
+            (None, None) => {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+                let port = std::env::var("KUBERNETES_SERVICE_PORT").ok();
+                match in_cluster_kubeconfig(
+                    host.as_deref(),
+                    port.as_deref(),
+                    Path::new(SERVICE_ACCOUNT_DIR),
+                ) {
+                    Ok(kc) => {
+                        let described = describe_kubeconfig(&kc, "the in-cluster configuration");
+                        let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                            .await
+                            .map_err(cfg_err("the in-cluster configuration".into()))?;
+                        (
+                            config,
+                            described,
+                            "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT".into(),
+                        )
+                    }
+                    Err(why) => {
+                        let fail = |e: kube::config::KubeconfigError| {
+                            KubeError::Config(format!(
+                                "no --kubeconfig-file or --kube-api-url, {why}, and no \
+                                 usable $KUBECONFIG or ~/.kube/config: {e}"
+                            ))
+                        };
+                        let kc = Kubeconfig::read().map_err(fail)?;
+                        let described = describe_kubeconfig(&kc, "$KUBECONFIG or ~/.kube/config");
+                        let config = kube::Config::from_custom_kubeconfig(kc, &options)
+                            .await
+                            .map_err(fail)?;
+                        (
+                            config,
+                            described,
+                            "the server of $KUBECONFIG or ~/.kube/config".into(),
+                        )
+                    }
+                }
+            }
+        })
+    }
+
     /// From the flags as flanneld takes them: a kubeconfig (its server replaced by
     /// `--kube-api-url` when both are given), or the URL alone, or else the in-cluster
     /// configuration, or else `$KUBECONFIG` / `~/.kube/config`.
@@ -393,80 +489,8 @@ impl KubeClient {
         api_url: Option<&str>,
         kubeconfig: Option<&Path>,
     ) -> Result<KubeClient, KubeError> {
-        let options = kube::config::KubeConfigOptions::default();
-        let cfg_err = |what: String| {
-            move |e: kube::config::KubeconfigError| KubeError::Config(format!("{what}: {e}"))
-        };
         let (mut config, (ca, client_cert, credentials), mut address_from) =
-            match (api_url, kubeconfig) {
-                (_, Some(path)) => {
-                    let what = format!("--kubeconfig-file {}", path.display());
-                    let kc = Kubeconfig::read_from(path).map_err(cfg_err(what.clone()))?;
-                    let described = describe_kubeconfig(&kc, &path.display().to_string());
-                    let config = kube::Config::from_custom_kubeconfig(kc, &options)
-                        .await
-                        .map_err(cfg_err(what))?;
-                    (
-                        config,
-                        described,
-                        format!("the server of {}", path.display()),
-                    )
-                }
-                (Some(url), None) => (
-                    kube::Config::new(
-                        url.parse().map_err(|e| {
-                            KubeError::Config(format!("--kube-api-url {url:?}: {e}"))
-                        })?,
-                    ),
-                    (
-                        "this machine's trusted CAs (--kube-api-url without a kubeconfig)".into(),
-                        None,
-                        "no credentials (--kube-api-url without a kubeconfig)".into(),
-                    ),
-                    "--kube-api-url".into(),
-                ),
-                (None, None) => {
-                    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
-                    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok();
-                    match in_cluster_kubeconfig(
-                        host.as_deref(),
-                        port.as_deref(),
-                        Path::new(SERVICE_ACCOUNT_DIR),
-                    ) {
-                        Ok(kc) => {
-                            let described =
-                                describe_kubeconfig(&kc, "the in-cluster configuration");
-                            let config = kube::Config::from_custom_kubeconfig(kc, &options)
-                                .await
-                                .map_err(cfg_err("the in-cluster configuration".into()))?;
-                            (
-                                config,
-                                described,
-                                "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT".into(),
-                            )
-                        }
-                        Err(why) => {
-                            let fail = |e: kube::config::KubeconfigError| {
-                                KubeError::Config(format!(
-                                    "no --kubeconfig-file or --kube-api-url, {why}, and no \
-                                     usable $KUBECONFIG or ~/.kube/config: {e}"
-                                ))
-                            };
-                            let kc = Kubeconfig::read().map_err(fail)?;
-                            let described =
-                                describe_kubeconfig(&kc, "$KUBECONFIG or ~/.kube/config");
-                            let config = kube::Config::from_custom_kubeconfig(kc, &options)
-                                .await
-                                .map_err(fail)?;
-                            (
-                                config,
-                                described,
-                                "the server of $KUBECONFIG or ~/.kube/config".into(),
-                            )
-                        }
-                    }
-                }
-            };
+            Self::configure(api_url, kubeconfig).await?;
         if let (Some(url), Some(_)) = (api_url, kubeconfig) {
             config.cluster_url = url
                 .parse()
@@ -475,18 +499,7 @@ impl KubeClient {
         }
         config.connect_timeout = Some(Duration::from_secs(5));
         let server = config.cluster_url.to_string();
-        let addr = match config.cluster_url.authority() {
-            Some(a) if a.port().is_some() => a.to_string(),
-            Some(a) => {
-                let port = if config.cluster_url.scheme_str() == Some("http") {
-                    80
-                } else {
-                    443
-                };
-                format!("{}:{port}", a.host())
-            }
-            None => server.clone(),
-        };
+        let addr = host_port(&config.cluster_url);
         let client = kube::Client::try_from(config)
             .map_err(|e| KubeError::Config(format!("a client for {server}: {e}")))?;
         let closed_hint = server
