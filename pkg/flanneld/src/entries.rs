@@ -11,10 +11,10 @@
 //! [`findings`]. What a device holds per peer itself (WireGuard's peers) is one kind for every
 //! backend type ([`PeerEntry`]), written through the device.
 
-use crate::backend::api::DevicePeer;
 use crate::report::Finding;
 use cni_kernel::netlink::{format_mac, FdbEntry, Neighbour, Nexthop, Route, Write, PROTOCOL_BOOT};
 use ipnetwork::IpNetwork;
+use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
@@ -31,6 +31,24 @@ pub struct Entries {
     pub nexthops: Vec<Nexthop>,
     /// What the devices hold per peer themselves.
     pub peers: Vec<PeerEntry>,
+}
+
+/// One peer's state that a device holds itself (WireGuard: the peer of a public key, with its
+/// endpoint, allowed IPs, keepalive), as a backend wants it ([`Want::device_peer`]) or a
+/// device holds it (`backend::api::Device::held_peers`). The datapath plane diffs wanted against held by
+/// key, as it diffs neighbours and routes, and shows each in `doctor`.
+pub trait DevicePeer: Send + Sync + fmt::Debug + 'static {
+    /// What the device holds at most one of (WireGuard: the public key).
+    fn key(&self) -> String;
+
+    /// Whether `held`, held under this one's key, is this one as far as it matters.
+    fn fits(&self, held: &dyn DevicePeer) -> bool;
+
+    /// How `doctor` shows it.
+    fn show(&self) -> String;
+
+    /// For `fits`, to see `held` as the backend's own type.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// One peer's state in the device `device` (an index, as a neighbour's).

@@ -3,6 +3,7 @@
 //! for. The datapath plane does the rest (reading, diffing, writing, the route style) the same
 //! for every type.
 
+pub use crate::entries::DevicePeer;
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
@@ -11,7 +12,6 @@ use cni_kernel::netlink::{Conn, Link};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
-use std::any::Any;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -152,22 +152,4 @@ pub trait Device: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Vec<cni_kernel::Error>> {
         Box::pin(async { Vec::new() })
     }
-}
-
-/// One peer's state that a device holds itself (WireGuard: the peer of a public key, with its
-/// endpoint, allowed IPs, keepalive), as a backend wants it ([`Want::device_peer`]) or a
-/// device holds it ([`Device::held_peers`]). The datapath plane diffs wanted against held by
-/// key, as it diffs neighbours and routes, and shows each in `doctor`.
-pub trait DevicePeer: Send + Sync + fmt::Debug + 'static {
-    /// What the device holds at most one of (WireGuard: the public key).
-    fn key(&self) -> String;
-
-    /// Whether `held`, held under this one's key, is this one as far as it matters.
-    fn fits(&self, held: &dyn DevicePeer) -> bool;
-
-    /// How `doctor` shows it.
-    fn show(&self) -> String;
-
-    /// For `fits`, to see `held` as the backend's own type.
-    fn as_any(&self) -> &dyn Any;
 }
