@@ -296,17 +296,7 @@ else
 fi
 
 if [ "$backend" = wireguard ]; then
-    # flanneld runs its userspace tunnel from beside itself; `wg` shows it.
-    if [ "$build" != debug ]; then
-        # Built as scripts/install.sh builds flanneld (static, for the host's triple).
-        tdir=${CARGO_TARGET_DIR:-$top/target}
-        host=$(rustc -vV | sed -n 's/^host: //p')
-        [ "$build" = release ] && (cd "$top" && RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-            cargo build --release --locked --quiet --target "$host" -p flannel-wireguard)
-        tunnel=$tdir/$host/release/flannel-wireguard
-        [ -x "$tunnel" ] || fail "missing $tunnel: build first or drop --no-build"
-        cp "$tunnel" "$prefix/bin/flannel-wireguard"
-    fi
+    # flanneld runs its userspace tunnel from beside itself (install.sh put it there); `wg` shows it.
     if ! command -v wg >/dev/null; then
         echo "installing wireguard-tools (wg) for --backend wireguard"
         apt-get update -qq

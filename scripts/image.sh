@@ -69,15 +69,18 @@ if [ "$build" = 1 ]; then
     echo "building the static release binaries into $target"
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
         cargo build --release --locked --quiet --target "$host_triple" \
-        --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld
+        --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld \
+        --bin flannel-wireguard
 fi
 mkdir -p "$work/context/cni"
 for p in flannel bridge host-local portmap loopback; do
     [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
     cp "$target/$p" "$work/context/cni/"
 done
-[ -x "$target/flanneld" ] || { echo "missing $target/flanneld: build first or drop --no-build" >&2; exit 1; }
-cp "$target/flanneld" "$work/context/"
+for d in flanneld flannel-wireguard; do
+    [ -x "$target/$d" ] || { echo "missing $target/$d: build first or drop --no-build" >&2; exit 1; }
+    cp "$target/$d" "$work/context/"
+done
 cp deploy/cni-install.sh "$work/context/"
 
 # An image of ours that a new build took the tags from is removed, not left dangling.

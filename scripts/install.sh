@@ -13,7 +13,8 @@ usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--daemon [--daemon-bin
   --conf-dir DIR        where the conflists go with --with-conf (default /etc/cni/net.d)
   --with-conf           also install testdata/*.conflist
   --daemon              also install the fabric daemon:
-                          flanneld            into --daemon-bin-dir (default /usr/local/bin)
+                          flanneld            into --daemon-bin-dir (default /usr/local/bin),
+                          flannel-wireguard   beside it (the wireguard backend's userspace tunnel)
                           flanneld.service    into --systemd-dir (default /etc/systemd/system),
                                               its ExecStart= and EnvironmentFile= pointing there
                           flanneld.env        as --env-file (default /etc/default/flanneld),
@@ -57,7 +58,8 @@ done
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugins=(flannel bridge host-local portmap loopback)
-daemons=(flanneld)
+# flannel-wireguard: the wireguard backend's userspace tunnel, which flanneld runs from beside itself.
+daemons=(flanneld flannel-wireguard)
 target_dir=${CARGO_TARGET_DIR:-$top/target}
 
 # Release binaries are linked statically (crt-static): a plugin is exec'd for every pod, and

@@ -10,6 +10,8 @@ use tempfile::TempDir;
 
 /// The fabric daemon's binary, which goes beside the systemd unit, not among the plugins.
 pub const DAEMON: &str = "flanneld";
+/// The wireguard backend's userspace tunnel, installed beside flanneld, which runs it from there.
+pub const TUNNEL: &str = "flannel-wireguard";
 
 pub fn fresh_tree() -> TempDir {
     let tree = tempfile::Builder::new()
@@ -36,7 +38,7 @@ pub fn fresh_tree() -> TempDir {
         let rel = Path::new("deploy/systemd").join(file);
         copy(&top.join(&rel), &tree.path().join(rel));
     }
-    for binary in PLUGINS.iter().chain([&DAEMON]) {
+    for binary in PLUGINS.iter().chain([&DAEMON, &TUNNEL]) {
         copy(
             &testkit::bin_dir().join(binary),
             &tree.path().join("target/release").join(binary),

@@ -1,10 +1,11 @@
-//! scripts/install.sh --daemon on a fresh tree: flanneld goes into its own bin directory (never
-//! the CNI one), the systemd unit into the systemd directory pointing at the binary and the
-//! environment file actually installed, every file renamed into place; the environment file
-//! (it may hold FLANNELD_ETCD_PASSWORD) is root's with mode 0600, and an operator's existing one
-//! keeps its content and is made so too; systemd-analyze accepts the installed unit.
+//! scripts/install.sh --daemon on a fresh tree: flanneld and its tunnel (flannel-wireguard) go
+//! into their own bin directory (never the CNI one), the systemd unit into the systemd directory
+//! pointing at the binary and the environment file actually installed, every file renamed into
+//! place; the environment file (it may hold FLANNELD_ETCD_PASSWORD) is root's with mode 0600, and
+//! an operator's existing one keeps its content and is made so too; systemd-analyze accepts the
+//! installed unit.
 
-use e2e::install::{fresh_tree, run_install, succeeded, DAEMON};
+use e2e::install::{fresh_tree, run_install, succeeded, DAEMON, TUNNEL};
 use e2e::plugins::{repo_root, PLUGINS};
 use std::fs;
 use std::io::Read;
@@ -110,6 +111,7 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
         .map(|p| format!("installed {}/{p}", s(&dirs.cni_bin)))
         .collect();
     expected.push(format!("installed {}/{DAEMON}", s(&dirs.daemon_bin)));
+    expected.push(format!("installed {}/{TUNNEL}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}", s(&dirs.unit())));
     expected.push(format!("installed {}", s(&dirs.env_file)));
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected);
@@ -123,8 +125,8 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
     );
     assert_eq!(
         names_in(&dirs.daemon_bin),
-        [DAEMON],
-        "no temporary file left"
+        [TUNNEL, DAEMON],
+        "flanneld and its tunnel beside it, no temporary file left"
     );
     assert_eq!(
         names_in(&dirs.systemd),
@@ -144,6 +146,13 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
         "the installed flanneld is not the built one"
     );
     assert_eq!(mode(&daemon), 0o755, "flanneld's mode");
+    let tunnel = dirs.daemon_bin.join(TUNNEL);
+    assert_eq!(
+        fs::read(&tunnel).unwrap(),
+        fs::read(tree.path().join("target/release").join(TUNNEL)).unwrap(),
+        "the installed flannel-wireguard is not the built one"
+    );
+    assert_eq!(mode(&tunnel), 0o755, "flannel-wireguard's mode");
     assert_eq!(mode(&dirs.unit()), 0o644, "the unit's mode");
     assert_eq!(
         owner_and_mode(&dirs.env_file),
