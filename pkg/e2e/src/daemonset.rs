@@ -251,7 +251,12 @@ impl<'a> Pod<'a> {
                 .find(|v| v["name"] == vname)
                 .unwrap_or_else(|| panic!("no volume {vname} for {name}"));
             let ro = if m["readOnly"] == true { ":ro" } else { "" };
-            if let Some(host) = vol["hostPath"]["path"].as_str() {
+            if vol["hostPath"]["type"] == "CharDevice" {
+                // A device is the machine's own, never a place the test moves elsewhere.
+                let host = vol["hostPath"]["path"].as_str().expect("a hostPath's path");
+                assert!(Path::new(host).exists(), "no device {host} on this machine");
+                arg(&format!("--device={host}:{mount}"));
+            } else if let Some(host) = vol["hostPath"]["path"].as_str() {
                 let here = self
                     .host_paths
                     .get(host)
