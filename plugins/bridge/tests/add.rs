@@ -69,6 +69,9 @@ fn result_per_spec_version() {
 #[test]
 fn add_makes_the_go_plugins_state() {
     let node = Node::new();
+    // Off first (a new namespace starts with the root namespace's), so that the plugin's
+    // turning it on shows.
+    node.host.run("sysctl", &["-qw", "net.ipv4.ip_forward=0"]);
     let pod = TestNs::new("bp");
     let conf = node.conf(
         "1.0.0",
@@ -132,6 +135,9 @@ fn add_makes_the_go_plugins_state() {
 #[test]
 fn without_is_gateway_the_bridge_has_no_address() {
     let node = Node::new();
+    // A new namespace starts with the root namespace's IPv4 forwarding: off here, whatever
+    // the machine has, so that the plugin's leaving it off shows.
+    node.host.run("sysctl", &["-qw", "net.ipv4.ip_forward=0"]);
     let pod = TestNs::new("bp");
     let conf = node.conf("1.0.0", json!({}));
     node.add(&pod, "nogw", &conf).ok();

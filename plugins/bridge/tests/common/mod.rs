@@ -220,23 +220,39 @@ pub fn addrs(ns: &TestNs, dev: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether the kernel has bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING).
+/// Whether the kernel has bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING): a bridge is
+/// made, then its `vlan_filtering` attribute set and read back. Only the kernel's refusal of
+/// that attribute means it lacks the feature; any other failure of the probe fails the test.
 pub fn vlan_filtering_supported() -> bool {
     let ns = TestNs::new("bv");
-    ns.try_run(
+    ns.ip(&["link", "add", "br0", "type", "bridge"]);
+    let set = ns.try_run(
         "ip",
         &[
             "link",
-            "add",
+            "set",
             "br0",
             "type",
             "bridge",
             "vlan_filtering",
             "1",
         ],
-    )
-    .status
-    .success()
+    );
+    if !set.status.success() {
+        let err = String::from_utf8_lossy(&set.stderr);
+        assert!(
+            err.contains("Operation not supported"),
+            "probing bridge VLAN filtering: `ip link set br0 type bridge vlan_filtering 1` \
+             failed otherwise than the kernel refusing the attribute: {err}"
+        );
+        return false;
+    }
+    let br = link(&ns, "br0");
+    assert_eq!(
+        br["linkinfo"]["info_data"]["vlan_filtering"], 1,
+        "probing bridge VLAN filtering: set, but the bridge reads back {br}"
+    );
+    true
 }
 
 /// What the VLAN tests need, for `testkit::runs_here`.
