@@ -1,7 +1,9 @@
 //! Three nodes with both address families, and with IPv6 alone, for vxlan, vxlan with
-//! DirectRouting and host-gw, on the embedded registry and on etcd in the underlay: what an
-//! operator checks, on each family the network has. The dual-stack underlay carries both
-//! families (etcd on its IPv4 address); the IPv6-only one carries IPv6 alone, etcd included.
+//! DirectRouting and host-gw, on the embedded registry, on etcd in the underlay and on Node
+//! objects in the Kubernetes API server stand-in there (--kube-subnet-mgr, the podCIDRs of
+//! each family): what an operator checks, on each family the network has. The dual-stack
+//! underlay carries both families (etcd and the API server on its IPv4 address); the IPv6-only
+//! one carries IPv6 alone, etcd and the API server included.
 //!
 //! One cluster per configuration goes through every check in turn, so that its set-up (the
 //! namespaces, etcd, three daemons, six pods) is paid once: the leases and subnet.env, the
@@ -584,4 +586,10 @@ configurations! {
     ipv6_only_direct_routing_etcd, "6dx": Stack::V6Only, Backend::DirectRouting, Registry::Etcd;
     ipv6_only_host_gw_embedded, "6he": Stack::V6Only, Backend::HostGw, Registry::Embedded;
     ipv6_only_host_gw_etcd, "6hx": Stack::V6Only, Backend::HostGw, Registry::Etcd;
+    dual_stack_vxlan_kube, "dvk": Stack::Dual, Backend::Vxlan, Registry::Kube;
+    dual_stack_direct_routing_kube, "ddk": Stack::Dual, Backend::DirectRouting, Registry::Kube;
+    dual_stack_host_gw_kube, "dhk": Stack::Dual, Backend::HostGw, Registry::Kube;
+    ipv6_only_vxlan_kube, "6vk": Stack::V6Only, Backend::Vxlan, Registry::Kube;
+    ipv6_only_direct_routing_kube, "6dk": Stack::V6Only, Backend::DirectRouting, Registry::Kube;
+    ipv6_only_host_gw_kube, "6hk": Stack::V6Only, Backend::HostGw, Registry::Kube;
 }
