@@ -24,10 +24,12 @@ pub enum IfaceError {
         source: Source,
     },
     NoDefaultRoute,
-    /// The interface has no address of a family the network needs.
+    /// The interface has no address of a family the network needs (`ipv6_off`: IPv6 is
+    /// disabled on it, or the kernel has none).
     NoAddress {
         iface: String,
         family: IpFamily,
+        ipv6_off: bool,
     },
 }
 
@@ -66,7 +68,17 @@ impl fmt::Display for IfaceError {
             IfaceError::NoDefaultRoute => f.write_str(
                 "no default route to find the external interface by; name one with --iface",
             ),
-            IfaceError::NoAddress { iface, family } => write!(
+            IfaceError::NoAddress {
+                iface,
+                family: IpFamily::V6,
+                ipv6_off: true,
+            } => write!(
+                f,
+                "interface {iface} has no IPv6 address: IPv6 is off on it \
+                 (net.ipv6.conf.{iface}.disable_ipv6 is 1, or the kernel has no IPv6); turn it \
+                 on, or take EnableIPv6 out of the network config"
+            ),
+            IfaceError::NoAddress { iface, family, .. } => write!(
                 f,
                 "interface {iface} has no {} address; give one with {}",
                 family.name(),
@@ -146,6 +158,8 @@ pub struct LinkFacts {
     pub name: String,
     pub mtu: u32,
     pub addrs: Vec<IpNetwork>,
+    /// IPv6 is disabled on it (`disable_ipv6`), or the kernel has no IPv6.
+    pub ipv6_off: bool,
 }
 
 /// A route of the main table.
@@ -464,6 +478,7 @@ fn fit(found: &Found<'_>, want: &Wanted) -> Result<External, IfaceError> {
             None => Err(IfaceError::NoAddress {
                 iface: link.name.clone(),
                 family,
+                ipv6_off: link.ipv6_off,
             }),
         }
     };
@@ -534,9 +549,11 @@ pub fn gather() -> Result<Interfaces, cni_kernel::Error> {
     let nl = cni_kernel::Netlink::open()?;
     let mut links = Vec::new();
     for l in nl.links()? {
+        let disable_ipv6 = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", l.name);
         links.push(LinkFacts {
             index: l.index,
             addrs: nl.addresses(l.index)?,
+            ipv6_off: std::fs::read_to_string(disable_ipv6).map_or(true, |v| v.trim() != "0"),
             name: l.name,
             mtu: l.mtu.unwrap_or(1500),
         });
@@ -566,6 +583,7 @@ mod tests {
             name: name.into(),
             mtu,
             addrs: addrs.iter().map(|a| net(a)).collect(),
+            ipv6_off: false,
         }
     }
 
@@ -1054,6 +1072,19 @@ mod tests {
         assert_eq!(
             summary(&ok(&w)),
             is("eth2", &["fd02::9"], &["203.0.113.7", "fd02::9"])
+        );
+    }
+
+    #[test]
+    fn without_ipv6_on_the_interface_an_ipv6_network_names_the_setting() {
+        let mut links = links();
+        links[1].addrs.retain(|a| a.is_ipv4());
+        links[1].ipv6_off = true;
+        let e = choose(&links, &routes(), &dual()).unwrap_err().to_string();
+        assert!(
+            e.contains("interface eth0 has no IPv6 address: IPv6 is off on it (net.ipv6.conf.eth0.disable_ipv6 is 1")
+                && e.contains("take EnableIPv6 out of the network config"),
+            "{e}"
         );
     }
 }
