@@ -73,6 +73,26 @@ impl ToolPath {
         ToolPath::new(&[], RULE_TOOLS)
     }
 
+    /// Replaces `name` by a program that logs its call (as a traced one), prints `message` on
+    /// stderr and exits with `code`, as the tool fails on some host (ip6tables where the kernel
+    /// has no IPv6).
+    pub fn failing(&self, name: &str, message: &str, code: i32) {
+        let target = self.bin().join(name);
+        let _ = fs::remove_file(&target);
+        let quoted = message.replace('\'', "'\\''");
+        let log = self.dir.path().join("calls.log");
+        fs::write(
+            &target,
+            format!(
+                "#!/bin/sh\nprintf '%s %s\\n' {name} \"$*\" >> {}\nprintf '%s\\n' '{quoted}' >&2\nexit {code}\n",
+                log.display()
+            ),
+        )
+        .unwrap_or_else(|e| panic!("writing {}: {e}", target.display()));
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", target.display()));
+    }
+
     /// The value of PATH that finds only this directory's programs.
     pub fn path(&self) -> String {
         self.bin().display().to_string()
