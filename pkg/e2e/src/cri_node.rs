@@ -11,7 +11,7 @@ use crate::image;
 use crate::node::{http_get, Footprint, Home};
 use crate::plugins::{self, PluginSet};
 use crate::session::Session;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use testkit::cluster;
 
@@ -22,18 +22,21 @@ const IMAGE_REF: &str = "e2e.local/sandbox:latest";
 pub struct CriPod {
     pub id: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address on a dual-stack network (the status's additional IPs).
+    pub ip6: Option<Ipv6Addr>,
     /// The pod's network namespace, as its first process sees it (`/proc/<pid>/ns/net`).
     pub netns: PathBuf,
 }
 
 impl CriPod {
     /// GET http://addr:port/ from inside the pod.
-    pub fn http_get(&self, addr: Ipv4Addr, port: u16) -> Result<String, String> {
+    pub fn http_get(&self, addr: impl Into<IpAddr>, port: u16) -> Result<String, String> {
         http_get(&self.netns, addr, port)
     }
 
     /// Does one ping from inside the pod to `addr` get an answer within 2 s?
-    pub fn ping(&self, addr: Ipv4Addr) -> bool {
+    pub fn ping(&self, addr: impl Into<IpAddr>) -> bool {
+        let addr: IpAddr = addr.into();
         std::process::Command::new("nsenter")
             .arg(format!("--net={}", self.netns.display()))
             .args([image::BUSYBOX, "ping", "-c", "1", "-W", "2"])
@@ -129,6 +132,10 @@ impl<'c> CriNode<'c> {
             .unwrap_or_else(|| {
                 panic!("PodSandboxStatus of {name} has no IPv4 address: {status:?}")
             });
+        let ip6 = status
+            .network
+            .as_ref()
+            .and_then(|n| n.additional_ips.iter().find_map(|a| a.ip.parse().ok()));
         let pid = self
             .cri
             .pod_sandbox_pid(&id)
@@ -136,6 +143,7 @@ impl<'c> CriNode<'c> {
         CriPod {
             id,
             ip,
+            ip6,
             netns: PathBuf::from(format!("/proc/{pid}/ns/net")),
         }
     }

@@ -16,6 +16,9 @@ pub enum PluginSet {
     /// Our flannel delegating to Debian's Go bridge, host-local, portmap and loopback: the same
     /// runtime checks pass against the reference, so they test the runtimes, not our assumptions.
     Go,
+    /// All five of ours, put in place by scripts/install.sh (`--bin-dir`) as an operator
+    /// installs them.
+    Installed,
 }
 
 impl PluginSet {
@@ -31,6 +34,15 @@ impl PluginSet {
     /// name beside it and renamed into place, so a runtime never execs a partial file.
     pub fn install(self, dir: &Path) {
         std::fs::create_dir_all(dir).unwrap();
+        if self == PluginSet::Installed {
+            let tree = crate::install::fresh_tree();
+            let dir = dir.display().to_string();
+            crate::install::succeeded(&crate::install::run_install(
+                tree.path(),
+                &["--bin-dir", &dir],
+            ));
+            return;
+        }
         for plugin in PLUGINS {
             let src = self.source(plugin);
             let tmp = dir.join(format!(".{plugin}.new"));
@@ -48,6 +60,7 @@ impl fmt::Display for PluginSet {
         f.write_str(match self {
             PluginSet::Ours => "ours",
             PluginSet::Go => "go",
+            PluginSet::Installed => "installed by scripts/install.sh",
         })
     }
 }
