@@ -40,6 +40,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const BACKOFF_RESET: Duration = Duration::from_secs(120);
 /// The longest `Retry-After` taken as it is; a longer one is waited this long.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+/// Frames of an answer buffered ahead of its parser.
+const PARSE_AHEAD: usize = 8;
 /// Times a list whose continue token expired between its pages starts again at once.
 const LIST_RESTARTS: usize = 3;
 
@@ -610,22 +612,54 @@ impl KubeClient {
         self.stream_failed();
     }
 
-    async fn request<T: serde::de::DeserializeOwned>(
+    /// The answer to `req`, read as it arrives: its body goes frame by frame to a parser on a
+    /// blocking thread, so that a page of 500 Nodes (megabytes of status) never sits whole in
+    /// memory; what is kept is only what `T` takes of it.
+    async fn request<T: serde::de::DeserializeOwned + Send + 'static>(
         &self,
         op: Op<'_>,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<T, KubeError> {
         let res = self.send(op, req).await?;
-        let body = match res.into_body().collect_bytes().await {
-            Ok(b) => b,
-            Err(e) => {
-                self.stream_failed();
-                return Err(self.transport_error(op, &e));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(PARSE_AHEAD);
+        let parser = tokio::task::spawn_blocking(move || {
+            let frames = FrameReader {
+                rx,
+                frame: Vec::new(),
+                at: 0,
+            };
+            serde_json::from_reader::<_, T>(std::io::BufReader::with_capacity(1 << 16, frames))
+        });
+        let mut body = res.into_body();
+        let mut broken = None;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => {
+                    let Ok(data) = f.into_data() else { continue };
+                    // A parser that stopped (bad JSON) says why below.
+                    if tx.send(data.to_vec()).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    broken = Some(e);
+                    break;
+                }
             }
-        };
-        serde_json::from_slice(&body).map_err(|e| {
-            KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
-        })
+        }
+        drop(tx);
+        let parsed = parser.await;
+        if let Some(e) = broken {
+            self.stream_failed();
+            return Err(self.transport_error(op, &e));
+        }
+        match parsed {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(KubeError::Refused(format!(
+                "{op}: the answer is not what the API gives: {e}"
+            ))),
+            Err(e) => Err(KubeError::Refused(format!("{op}: reading the answer: {e}"))),
+        }
     }
 
     /// This node's name: `NODE_NAME`, else the `spec.nodeName` of the pod `POD_NAME` in
@@ -790,6 +824,31 @@ impl KubeClient {
         );
         let _: Value = self.request(op, req).await?;
         Ok(())
+    }
+}
+
+/// Frames of an answer handed on by the async side (None: the body ended), as a reader.
+struct FrameReader {
+    rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    frame: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for FrameReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at >= self.frame.len() {
+            match self.rx.blocking_recv() {
+                Some(f) => {
+                    self.frame = f;
+                    self.at = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.frame.len() - self.at);
+        buf[..n].copy_from_slice(&self.frame[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
