@@ -214,6 +214,9 @@ fn the_annotations_and_the_condition_are_flanneld_s_field_by_field() {
 
     // A restart with flannel.1 gone keeps the VtepMAC the annotations hold (flannel#1795).
     let mac1 = vxlan_mac(c.node(1));
+    // The log goes on across the restart: the new daemon's condition line is one more.
+    let condition = "NetworkUnavailable=False";
+    let conditions_before = c.node(1).log().matches(condition).count();
     c.stop_flanneld(1);
     c.node(1).ns.ip(&["link", "del", "flannel.1"]);
     let patches_before = c
@@ -231,7 +234,9 @@ fn the_annotations_and_the_condition_are_flanneld_s_field_by_field() {
         mac1,
         "the VtepMAC changed with the restart"
     );
-    c.node(1).wait_log("NetworkUnavailable", T);
+    wait_for("the restarted daemon to set its condition", T, || {
+        (c.node(1).log().matches(condition).count() > conditions_before).then_some(())
+    });
     let patches: Vec<_> = c
         .kube()
         .requests()
