@@ -14,7 +14,7 @@ fn go_bool(s: &str) -> Result<bool, String> {
 }
 
 fn annotation_prefix(s: &str) -> Result<String, String> {
-    crate::registry::kube::Annotations::new(s)
+    crate::annotation_prefix::complete(s)
         .map(|_| s.to_string())
         .map_err(|e| e.to_string())
 }
@@ -232,7 +232,7 @@ pub struct Flags {
 
     /// With --kube-subnet-mgr: the prefix of the node annotations that hold the leases.
     #[arg(long, env = "FLANNELD_KUBE_ANNOTATION_PREFIX",
-          default_value = crate::registry::kube::DEFAULT_PREFIX,
+          default_value = crate::annotation_prefix::DEFAULT,
           value_parser = annotation_prefix, value_name = "PREFIX")]
     pub kube_annotation_prefix: String,
 

@@ -4,6 +4,7 @@
 //! nodes' leases kept equal to them by one reconciler.
 
 pub mod alloc;
+pub mod annotation_prefix;
 pub mod backend;
 pub mod bringup;
 pub mod config;

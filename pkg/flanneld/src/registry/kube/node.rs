@@ -2,6 +2,7 @@
 //! object a lease needs, and what they say (this node's subnet, another node's lease, the
 //! attributes and addresses this node's annotations already hold).
 
+use crate::annotation_prefix::{self, BadPrefix};
 use crate::config::NetConfig;
 use crate::family::IpFamily;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
@@ -137,8 +138,7 @@ impl fmt::Display for NodeError {
 
 impl std::error::Error for NodeError {}
 
-/// flanneld's `--kube-annotation-prefix` default.
-pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
+pub use crate::annotation_prefix::DEFAULT as DEFAULT_PREFIX;
 
 /// The annotations flanneld reads and writes, under one prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,29 +162,8 @@ impl Annotations {
     /// The names under `prefix`, completed as flanneld completes it: `example.com` becomes
     /// `example.com/`, `example.com/net` becomes `example.com/net-`.
     pub fn new(prefix: &str) -> Result<Annotations, NodeError> {
-        let refuse = |why| NodeError::Prefix {
-            prefix: prefix.to_string(),
-            why,
-        };
-        let mut p = prefix.to_string();
-        match p.matches('/').count() {
-            0 => p.push('/'),
-            1 => {}
-            _ => return Err(refuse("has more than one slash")),
-        }
-        if !p.ends_with('/') && !p.ends_with('-') {
-            p.push('-');
-        }
-        // A domain, a slash, then optionally a word and a dash. flanneld checks only the end
-        // of the prefix; the whole of it is checked here, since the API server refuses
-        // annotation names with anything else in front.
-        let shape = regex::Regex::new(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)+/(?:[a-z0-9_-]+-)?$");
-        if !shape.is_ok_and(|re| re.is_match(&p)) {
-            return Err(refuse(
-                "is not a domain followed by / and an optional name (like \
-                 flannel.alpha.coreos.com or example.com/net)",
-            ));
-        }
+        let p = annotation_prefix::complete(prefix)
+            .map_err(|BadPrefix { prefix, why }| NodeError::Prefix { prefix, why })?;
         let name = |s: &str| format!("{p}{s}");
         Ok(Annotations {
             managed: name("kube-subnet-manager"),
