@@ -28,7 +28,19 @@ fn parse(mut args: Vec<String>) -> Result<Command, clap::Error> {
     Flags::try_parse_from(normalise_args(args)).map(Command::Serve)
 }
 
+/// One malloc arena for every thread. The async work runs on the main thread; a blocking
+/// thread with an arena of its own (the kube list's parser) keeps the pages it freed out of the
+/// main thread's reach: 5 MiB more RSS at 5,000 Nodes in kube_start.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 fn main() -> ExitCode {
+    one_malloc_arena();
     let command = match parse(std::env::args().collect()) {
         Ok(c) => c,
         Err(e) => {
