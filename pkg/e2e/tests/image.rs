@@ -133,12 +133,27 @@ fn mode(path: &Path) -> u32 {
 struct HostRoot(PathBuf);
 
 impl HostRoot {
+    /// The host roots of the cluster's two nodes, under `dir`.
+    fn two(dir: &Path) -> Vec<HostRoot> {
+        (1..=2)
+            .map(|i| HostRoot(dir.join(format!("node{i}"))))
+            .collect()
+    }
     fn bin(&self) -> PathBuf {
         self.0.join("opt/cni/bin")
     }
     fn conf(&self) -> PathBuf {
         self.0.join("etc/cni/net.d")
     }
+}
+
+/// Node `i`'s flanneld pod as the DaemonSet mounts the host into it.
+fn flanneld_pod<'m>(manifest: &'m Manifest, c: &Cluster, i: u8, root: &HostRoot) -> Pod<'m> {
+    Pod::new(manifest, &kube_node_name(i), &root.0)
+        .host_path("/run/flannel", &c.node(i).dir)
+        .host_path("/run/xtables.lock", Path::new("/run/xtables.lock"))
+        .host_path("/opt/cni/bin", &root.bin())
+        .host_path("/etc/cni/net.d", &root.conf())
 }
 
 /// The service account's files as the kubelet mounts them into every container of the pod:
@@ -279,24 +294,6 @@ fn wait_subnet_env(node: &Node, container: &Container) {
     );
 }
 
-/// What a kubelet's HTTP probe gets from `url` in the node: the status code.
-fn probe(node: &Node, url: &str) -> String {
-    let out = node.ns.try_run(
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "2",
-            "-w",
-            "%{http_code}",
-            url,
-        ],
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The probes of the manifest's flanneld answer 200 on `node`.
 fn assert_probes_pass(manifest: &Manifest, node: &Node, container: &Container) {
     let c = manifest.container("flanneld");
@@ -305,7 +302,7 @@ fn assert_probes_pass(manifest: &Manifest, node: &Node, container: &Container) {
         wait_for(
             &format!("node {}'s {p} at {url} to answer 200", node.index),
             T,
-            || (probe(node, &url) == "200").then_some(()),
+            || (node.ns.http_status(&url) == "200").then_some(()),
         );
     }
     assert!(container.running());
@@ -384,9 +381,7 @@ fn flanneld_from_the_image_in_kube_mode_as_its_daemonset_runs_it() {
     assert_manifest_runs(&podman, &manifest, &image);
     // The cluster's network is the manifest's net-conf.json; its nodes' podCIDRs are in it.
     let net_conf = manifest.config_value("flanneld-cfg", "net-conf.json");
-    let roots: Vec<HostRoot> = (1..=2)
-        .map(|i| HostRoot(dir.path().join(format!("node{i}"))))
-        .collect();
+    let roots = HostRoot::two(dir.path());
     let mut c = Cluster::new("imk", 61, 2, Registry::Kube, &net_conf);
     // Each node's pod has a service account token of its own, as the kubelet mounts it.
     let accounts: Vec<PathBuf> = (1..=2)
@@ -414,12 +409,7 @@ fn flanneld_from_the_image_in_kube_mode_as_its_daemonset_runs_it() {
 
     let mut containers = Vec::new();
     for ((i, root), sa) in (1..=2).zip(&roots).zip(&accounts) {
-        let pod = Pod::new(&manifest, &kube_node_name(i), &root.0)
-            .host_path("/run/flannel", &c.node(i).dir)
-            .host_path("/run/xtables.lock", Path::new("/run/xtables.lock"))
-            .host_path("/opt/cni/bin", &root.bin())
-            .host_path("/etc/cni/net.d", &root.conf())
-            .service_account(sa, api);
+        let pod = flanneld_pod(&manifest, &c, i, root).service_account(sa, api);
         containers.push(start_flanneld(&podman, pod, c.node(i), "kube"));
     }
 
@@ -508,9 +498,7 @@ fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
     let manifest = Manifest::read(ETCD_MODE);
     assert_manifest_runs(&podman, &manifest, &image);
     let net_conf = manifest.config_value("flanneld-cfg", "net-conf.json");
-    let roots: Vec<HostRoot> = (1..=2)
-        .map(|i| HostRoot(dir.path().join(format!("node{i}"))))
-        .collect();
+    let roots = HostRoot::two(dir.path());
     // etcd in the underlay holds the network config, as an operator puts it there.
     let mut c = Cluster::new("ime", 62, 2, Registry::Etcd, &net_conf);
     for (i, root) in (1..=2).zip(&roots) {
@@ -528,12 +516,11 @@ fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
 
     let mut containers = Vec::new();
     for (i, root) in (1..=2).zip(&roots) {
-        let pod = Pod::new(&manifest, &kube_node_name(i), &root.0)
-            .config_value("flanneld-etcd", "FLANNELD_ETCD_ENDPOINTS", &etcd)
-            .host_path("/run/flannel", &c.node(i).dir)
-            .host_path("/run/xtables.lock", Path::new("/run/xtables.lock"))
-            .host_path("/opt/cni/bin", &root.bin())
-            .host_path("/etc/cni/net.d", &root.conf());
+        let pod = flanneld_pod(&manifest, &c, i, root).config_value(
+            "flanneld-etcd",
+            "FLANNELD_ETCD_ENDPOINTS",
+            &etcd,
+        );
         containers.push(start_flanneld(&podman, pod, c.node(i), "etcd"));
     }
     for (i, k) in (1..=2).zip(&containers) {

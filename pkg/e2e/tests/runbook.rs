@@ -670,18 +670,12 @@ impl Switch {
         let ours = testkit::bin_dir().join("flanneld");
         self.start(i, Daemon::Ours, &ours, &wrapper, &args);
         wait_for(&format!("our flanneld's /readyz on node {i}"), T, || {
-            let out = self.c.node(i).ns.try_run(
-                "curl",
-                &[
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "http://127.0.0.1:8285/readyz",
-                ],
-            );
-            (String::from_utf8_lossy(&out.stdout) == "200").then_some(())
+            let status = self
+                .c
+                .node(i)
+                .ns
+                .http_status("http://127.0.0.1:8285/readyz");
+            (status == "200").then_some(())
         });
     }
 

@@ -127,15 +127,7 @@ impl Setup {
     }
 
     fn tunnel_rss_kib(&self) -> u64 {
-        let Some(pid) = self.tunnel_pid() else {
-            return 0;
-        };
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
+        self.tunnel_pid().map_or(0, |pid| memory_kib(pid, "VmRSS:"))
     }
 
     fn commit(&self, txns: Vec<Vec<TxnOp>>) -> Instant {

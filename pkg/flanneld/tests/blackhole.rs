@@ -16,13 +16,7 @@ fn blackholes(node: &Node) -> String {
 #[test]
 fn a_blackhole_route_to_the_subnet_is_kept_and_doctor_sees_it() {
     let node = Node::new("fbh");
-    let reg = node.path("registry");
-    std::fs::create_dir_all(&reg).unwrap();
-    std::fs::write(
-        reg.join("config"),
-        r#"{"Network":"10.9.0.0/16","Backend":{"Type":"alloc"}}"#,
-    )
-    .unwrap();
+    let reg = node.registry(r#"{"Network":"10.9.0.0/16","Backend":{"Type":"alloc"}}"#);
     let reg = reg.display().to_string();
     let args = [
         "--registry-dir",

@@ -268,19 +268,8 @@ fn kube_subnet_mgr_without_a_way_to_the_api_server_is_refused_saying_what_was_tr
 }
 
 fn http_get(node: &Node, url_path: &str) -> String {
-    // curl inside the node's namespace.
-    let out = node.ns.try_run(
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &format!("http://127.0.0.1:8471{url_path}"),
-        ],
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    node.ns
+        .http_status(&format!("http://127.0.0.1:8471{url_path}"))
 }
 
 #[test]
@@ -442,13 +431,7 @@ fn without_a_registry_named_leases_go_to_flanneld_s_default_etcd_endpoint_and_th
 #[test]
 fn the_registry_dir_from_the_environment_chooses_the_embedded_registry() {
     let node = Node::new("fcd");
-    let reg = node.path("registry");
-    std::fs::create_dir_all(&reg).unwrap();
-    std::fs::write(
-        reg.join("config"),
-        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#,
-    )
-    .unwrap();
+    let reg = node.registry(r#"{"Network":"10.8.0.0/16","Backend":{"Type":"alloc"}}"#);
     let a = Daemon::start(
         &node,
         "a",

@@ -143,13 +143,9 @@ fn pair_styled(
     before: impl FnOnce(&Node),
 ) -> Pair {
     let (a, b) = Node::pair(prefix);
-    let reg = a.path("registry");
-    fs::create_dir_all(&reg).unwrap();
-    fs::write(
-        reg.join("config"),
-        format!(r#"{{"Network":"10.9.0.0/16","Backend":{backend}{extra}}}"#),
-    )
-    .unwrap();
+    let reg = a.registry(&format!(
+        r#"{{"Network":"10.9.0.0/16","Backend":{backend}{extra}}}"#
+    ));
     before(&a);
     let reg = reg.display().to_string();
     let da = start_in(style, &a, &reg, "a");

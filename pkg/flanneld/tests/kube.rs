@@ -62,20 +62,7 @@ fn vxlan_mac(node: &Node) -> String {
 }
 
 fn http_code(node: &Node, path: &str) -> String {
-    let out = node.ns.try_run(
-        "curl",
-        &[
-            "-s",
-            "-o",
-            "/dev/null",
-            "-m",
-            "2",
-            "-w",
-            "%{http_code}",
-            &format!("http://127.0.0.1:8285{path}"),
-        ],
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    node.ns.http_status(&format!("http://127.0.0.1:8285{path}"))
 }
 
 /// What a node's kernel holds for the other nodes: its routes, the permanent neighbours

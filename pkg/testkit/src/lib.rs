@@ -133,6 +133,22 @@ impl TestNs {
             .unwrap_or_else(|e| panic!("running {program}: {e}"))
     }
 
+    /// The HTTP status code `url` answers with inside, as a kubelet's probe or an operator's
+    /// curl sees it; `000` when nothing answers within 10 s.
+    pub fn http_status(&self, url: &str) -> String {
+        let args = [
+            "-s",
+            "-o",
+            "/dev/null",
+            "-m",
+            "10",
+            "-w",
+            "%{http_code}",
+            url,
+        ];
+        String::from_utf8_lossy(&self.try_run("curl", &args).stdout).into_owned()
+    }
+
     /// `ip <args>` inside.
     pub fn ip(&self, args: &[&str]) -> String {
         self.run("ip", args)

@@ -86,6 +86,24 @@ impl Node {
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+
+    /// An embedded registry's directory in the node's, `config` its network config.
+    pub fn registry(&self, config: &str) -> PathBuf {
+        let reg = self.path("registry");
+        std::fs::create_dir_all(&reg).expect("the registry directory");
+        std::fs::write(reg.join("config"), config).expect("the registry's config");
+        reg
+    }
+}
+
+/// A size field of /proc/<pid>/status (`VmRSS:`, `VmHWM:`) in KiB; 0 when unreadable.
+pub fn memory_kib(pid: u32, field: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A real etcd (Debian's etcd-server) inside the node's namespace, on 127.0.0.1:2379.
@@ -327,14 +345,9 @@ impl Daemon {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
     }
 
-    /// A size field of /proc/<pid>/status (`VmRSS:`, `VmHWM:`) in KiB; 0 when unreadable.
+    /// A size field of its /proc/<pid>/status (`VmRSS:`, `VmHWM:`) in KiB; 0 when unreadable.
     pub fn memory_kib(&self, field: &str) -> u64 {
-        fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
+        memory_kib(self.pid(), field)
     }
 
     /// User plus system CPU time used so far.
