@@ -1,12 +1,12 @@
-//! The README's switch-over runbook, executed: its four step lists (kube-flannel to ours and
-//! back, Go's flanneld under systemd to ours and back) are read from README.md and run in their
-//! order on a three-node testkit cluster, with Go's flanneld v0.20.2 and Go's plugins on every
-//! node at the start and at the end. The kube mode (API server stand-in, vxlan) runs the
+//! The switch-over runbook, executed: its four step lists (kube-flannel to ours and back, Go's
+//! flanneld under systemd to ours and back) are read from docs/switching-from-go.md and run in
+//! their order on a three-node testkit cluster, with Go's flanneld v0.20.2 and Go's plugins on
+//! every node at the start and at the end. The kube mode (API server stand-in, vxlan) runs the
 //! DaemonSet lists; the etcd mode (host-gw) the systemd ones.
 //!
 //! What kubectl would do is modelled, not faked away: `kubectl label`, the JSON patches and
 //! `kubectl set env` in a step's commands act on two DaemonSets whose node affinity is our
-//! manifest's and kube-flannel.yml's with the README's patches applied; each node runs the daemon
+//! manifest's and kube-flannel.yml's with the runbook's patches applied; each node runs the daemon
 //! whose DaemonSet selects it (both selecting one node fails the test), a template change
 //! restarts a DaemonSet's daemons one node at a time, and our init step is deploy/cni-install.sh.
 //! Under systemd, scripts/install.sh installs into a root per node, and a restart starts what the
@@ -55,7 +55,9 @@ fn runs_here() -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The runbook as README.md lists it.
+// The runbook as docs/switching-from-go.md lists it.
+
+const RUNBOOK: &str = "docs/switching-from-go.md";
 
 /// One numbered item of a list: its bold title, its text with the commands, and for "On each
 /// node in turn" the items under it.
@@ -102,14 +104,14 @@ fn item(line: &str) -> Option<(usize, String)> {
     Some((indent, rest[..end].to_string()))
 }
 
-/// The steps under the heading `#### <section>` of README.md, in order.
+/// The steps under the heading `### <section>` of the runbook's page, in order.
 fn runbook(section: &str) -> Vec<Step> {
-    let readme = fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let heading = format!("#### {section}");
-    let mut lines = readme.lines().skip_while(|l| *l != heading);
+    let page = fs::read_to_string(repo_root().join(RUNBOOK)).unwrap();
+    let heading = format!("### {section}");
+    let mut lines = page.lines().skip_while(|l| *l != heading);
     assert!(
         lines.next().is_some(),
-        "README.md has no heading {heading:?}"
+        "{RUNBOOK} has no heading {heading:?}"
     );
     let mut steps: Vec<Step> = Vec::new();
     let mut fence = false;
