@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use testkit::cluster::wait_for;
-use testkit::kube_api::{KubeApi, FLANNEL_RULES};
+use testkit::kube_api::{Kind, KubeApi, FLANNEL_RULES, NETPOL_RULES};
 use testkit::TestNs;
 
 const KUBECTL: &str = "kubectl";
@@ -354,4 +354,138 @@ fn python_client_lists_watches_and_patches_status() {
         reason.starts_with(&format!("Expired: too old resource version: {old} (")),
         "{reason}"
     );
+}
+
+const WORKLOAD: &str = r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: x
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: a
+  namespace: x
+  labels:
+    pod: a
+spec:
+  nodeName: n1
+  containers:
+  - name: c
+    image: agnhost
+    ports:
+    - name: serve-80-tcp
+      containerPort: 80
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: deny-ingress
+  namespace: x
+spec:
+  podSelector: {}
+"#;
+
+#[test]
+fn kubectl_creates_watches_labels_and_deletes_namespaces_pods_and_policies() {
+    let s = setup("kapin");
+    let file = s.dir.path().join("workload.yaml");
+    std::fs::write(&file, WORKLOAD).unwrap();
+    let made = s.kubectl(&["create", "--validate=false", "-f", file.to_str().unwrap()]);
+    assert_eq!(
+        made.lines().collect::<Vec<_>>(),
+        [
+            "namespace/x created",
+            "pod/a created",
+            "networkpolicy.networking.k8s.io/deny-ingress created"
+        ]
+    );
+    let ns: Value = serde_json::from_str(&s.kubectl(&["get", "ns", "x", "-o", "json"])).unwrap();
+    assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "x");
+    let pol: Value =
+        serde_json::from_str(&s.kubectl(&["get", "netpol", "-n", "x", "-o", "json"])).unwrap();
+    assert_eq!(pol["items"][0]["kind"], "NetworkPolicy");
+    assert_eq!(pol["items"][0]["spec"]["policyTypes"], json!(["Ingress"]));
+    let pod: Value =
+        serde_json::from_str(&s.kubectl(&["get", "pods", "-A", "-o", "json"])).unwrap();
+    assert_eq!(
+        pod["items"][0]["spec"]["containers"][0]["ports"][0]["protocol"],
+        "TCP"
+    );
+
+    // A watch of every namespace's pods sees a label and a status written, then the deletion.
+    let mut watch = s
+        .kubectl_cmd(
+            &s.api.admin().kubeconfig,
+            &[
+                "get",
+                "pods",
+                "-A",
+                "--watch",
+                "--output-watch-events",
+                "--no-headers",
+                "-o",
+                "custom-columns=E:.type,N:.object.metadata.name,R:.object.metadata.labels.role,IP:.object.status.podIP",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting kubectl get --watch");
+    let lines = collect_lines(&mut watch);
+    let seen = |what: &str, n: usize| {
+        wait_for(what, Duration::from_secs(20), || {
+            (lines.lock().unwrap().len() >= n).then_some(())
+        })
+    };
+    seen("kubectl's watch to list x/a", 1);
+    s.kubectl(&["label", "-n", "x", "pod", "a", "role=server"]);
+    s.api
+        .patch(
+            Kind::Pod,
+            "x",
+            "a",
+            true,
+            &json!({"status": {"podIPs": [{"ip": "10.5.1.2"}], "podIP": "10.5.1.2"}}),
+        )
+        .unwrap();
+    s.kubectl(&["delete", "ns", "x"]);
+    seen("the label, the status and the deletion", 4);
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let events: Vec<String> = lines
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            "ADDED a <none> <none>",
+            "MODIFIED a server <none>",
+            "MODIFIED a server 10.5.1.2",
+            "DELETED a server 10.5.1.2"
+        ]
+    );
+    assert_eq!(s.api.count(Kind::NetworkPolicy), 0);
+
+    // The enforcer's account may list and watch, nothing else.
+    let mut s = s;
+    let enforcer = s.api.add_user("netpol", Some(NETPOL_RULES));
+    let out = s.kubectl_as(&enforcer.kubeconfig, &["get", "netpol", "-A"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = s.kubectl_as(&enforcer.kubeconfig, &["create", "ns", "y"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"User "netpol" cannot create resource "namespaces" in API group """#),
+        "{err}"
+    );
+    let out = s.kubectl_as(&enforcer.kubeconfig, &["delete", "netpol", "-n", "x", "p"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(r#"in API group "networking.k8s.io""#), "{err}");
 }

@@ -1,8 +1,9 @@
 //! The HTTP/1.1 side of the stand-in: one thread per connection, keep-alive, JSON bodies with
-//! Content-Length, watch streams as chunked JSON lines, and the routes of Nodes, their status,
-//! one Pod GET and the discovery documents kubectl asks for.
+//! Content-Length, watch streams as chunked JSON lines, and the routes of each kind's
+//! collection (all of it, or one namespace's) and objects (and their status), and the
+//! discovery documents kubectl asks for.
 
-use super::store::{name_of, ApiError, Event, Part, PatchType, Store};
+use super::store::{name_of, ApiError, Event, Kind, Part, PatchType, Store};
 use super::Shared;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -226,13 +227,17 @@ fn respond_with(
     w.flush()
 }
 
-/// `{"kind":K,"apiVersion":"v1",...}`: a stored object with its type, as single objects and
+/// `{"kind":K,"apiVersion":V,...}`: a stored object with its type, as single objects and
 /// watch events carry it (list items do not).
-fn typed(obj: &Value, kind: &str) -> String {
+fn typed(obj: &Value, kind: Kind) -> String {
     let s = obj.to_string();
     let rest = s.strip_prefix('{').unwrap_or("}");
     let sep = if rest == "}" { "" } else { "," };
-    format!(r#"{{"kind":"{kind}","apiVersion":"v1"{sep}{rest}"#)
+    format!(
+        r#"{{"kind":"{}","apiVersion":"{}"{sep}{rest}"#,
+        kind.name(),
+        kind.api_version()
+    )
 }
 
 /// What a request asks for, in RBAC's terms.
@@ -245,14 +250,40 @@ struct Access<'a> {
 
 enum Route<'a> {
     Discovery(Value),
-    Nodes,
-    Node(&'a str, Part),
-    Pod(&'a str, &'a str),
+    /// A kind's collection: all of it, or one namespace's.
+    Collection(Kind, Option<&'a str>),
+    /// One object ("" as the namespace of a cluster-scoped one), or its status.
+    Object(Kind, &'a str, &'a str, Part),
     NotFound,
 }
 
+/// A discovery entry of a resource and its status subresource.
+fn resource_entry(kind: Kind, verbs: &[&str], short: &[&str]) -> Value {
+    json!({
+        "name": kind.plural(), "singularName": kind.name().to_lowercase(),
+        "namespaced": kind.namespaced(), "kind": kind.name(), "verbs": verbs, "shortNames": short
+    })
+}
+
+fn status_entry(kind: Kind) -> Value {
+    json!({
+        "name": format!("{}/status", kind.plural()), "singularName": "",
+        "namespaced": kind.namespaced(), "kind": kind.name(), "verbs": ["get", "patch", "update"]
+    })
+}
+
+const ALL_VERBS: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
 fn route(path: &str) -> Route<'_> {
     let parts: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let networking = json!({
+        "name": "networking.k8s.io",
+        "versions": [{"groupVersion": "networking.k8s.io/v1", "version": "v1"}],
+        "preferredVersion": {"groupVersion": "networking.k8s.io/v1", "version": "v1"}
+    });
+    let kind = Kind::from_plural;
     match parts.as_slice() {
         ["version"] => Route::Discovery(json!({
             "major": "1", "minor": "30", "gitVersion": "v1.30.0", "gitCommit": "",
@@ -263,25 +294,66 @@ fn route(path: &str) -> Route<'_> {
             "kind": "APIVersions", "versions": ["v1"],
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]
         })),
-        ["apis"] => {
-            Route::Discovery(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}))
+        ["apis"] => Route::Discovery(
+            json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [networking]}),
+        ),
+        ["apis", "networking.k8s.io"] => {
+            let mut group = networking;
+            group["kind"] = "APIGroup".into();
+            group["apiVersion"] = "v1".into();
+            Route::Discovery(group)
         }
         ["api", "v1"] => Route::Discovery(json!({
             "kind": "APIResourceList", "groupVersion": "v1",
             "resources": [
-                {"name": "nodes", "singularName": "node", "namespaced": false, "kind": "Node",
-                 "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-                 "shortNames": ["no"]},
-                {"name": "nodes/status", "singularName": "", "namespaced": false, "kind": "Node",
-                 "verbs": ["get", "patch", "update"]},
-                {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod",
-                 "verbs": ["get"], "shortNames": ["po"], "categories": ["all"]}
+                resource_entry(Kind::Node, ALL_VERBS, &["no"]),
+                status_entry(Kind::Node),
+                resource_entry(Kind::Namespace, ALL_VERBS, &["ns"]),
+                status_entry(Kind::Namespace),
+                resource_entry(Kind::Pod, ALL_VERBS, &["po"]),
+                status_entry(Kind::Pod),
             ]
         })),
-        ["api", "v1", "nodes"] => Route::Nodes,
-        ["api", "v1", "nodes", name] => Route::Node(name, Part::Main),
-        ["api", "v1", "nodes", name, "status"] => Route::Node(name, Part::Status),
-        ["api", "v1", "namespaces", ns, "pods", name] => Route::Pod(ns, name),
+        ["apis", "networking.k8s.io", "v1"] => Route::Discovery(json!({
+            "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "networking.k8s.io/v1",
+            "resources": [resource_entry(Kind::NetworkPolicy, ALL_VERBS, &["netpol"])]
+        })),
+        ["api", "v1", "namespaces", name, "status"] => {
+            Route::Object(Kind::Namespace, "", name, Part::Status)
+        }
+        ["api", "v1", plural] => match kind(plural) {
+            Some(k) if k.group().is_empty() => Route::Collection(k, None),
+            _ => Route::NotFound,
+        },
+        ["api", "v1", plural, name] => match kind(plural) {
+            Some(k) if k.group().is_empty() && !k.namespaced() => {
+                Route::Object(k, "", name, Part::Main)
+            }
+            _ => Route::NotFound,
+        },
+        ["api", "v1", "nodes", name, "status"] => Route::Object(Kind::Node, "", name, Part::Status),
+        ["api", "v1", "namespaces", ns, plural] => match kind(plural) {
+            Some(k) if k.group().is_empty() && k.namespaced() => Route::Collection(k, Some(ns)),
+            _ => Route::NotFound,
+        },
+        ["api", "v1", "namespaces", ns, plural, name] => match kind(plural) {
+            Some(k) if k.group().is_empty() && k.namespaced() => {
+                Route::Object(k, ns, name, Part::Main)
+            }
+            _ => Route::NotFound,
+        },
+        ["api", "v1", "namespaces", ns, "pods", name, "status"] => {
+            Route::Object(Kind::Pod, ns, name, Part::Status)
+        }
+        ["apis", "networking.k8s.io", "v1", "networkpolicies"] => {
+            Route::Collection(Kind::NetworkPolicy, None)
+        }
+        ["apis", "networking.k8s.io", "v1", "namespaces", ns, "networkpolicies"] => {
+            Route::Collection(Kind::NetworkPolicy, Some(ns))
+        }
+        ["apis", "networking.k8s.io", "v1", "namespaces", ns, "networkpolicies", name] => {
+            Route::Object(Kind::NetworkPolicy, ns, name, Part::Main)
+        }
         _ => Route::NotFound,
     }
 }
@@ -358,19 +430,21 @@ fn handle(
     let watch = req.flag("watch");
     let access = match (&route, req.method.as_str()) {
         (Route::Discovery(_), "GET") => None,
-        (Route::Nodes, "GET") => Some(Access {
+        (Route::Collection(kind, ns), "GET") => Some(Access {
             verb: if watch { "watch" } else { "list" },
-            resource: "nodes",
+            resource: kind.plural(),
             name: None,
-            namespace: None,
+            namespace: *ns,
         }),
-        (Route::Nodes, "POST") => Some(Access {
-            verb: "create",
-            resource: "nodes",
-            name: None,
-            namespace: None,
-        }),
-        (Route::Node(name, part), m) => {
+        (Route::Collection(kind, ns), "POST") if ns.is_some() || !kind.namespaced() => {
+            Some(Access {
+                verb: "create",
+                resource: kind.plural(),
+                name: None,
+                namespace: *ns,
+            })
+        }
+        (Route::Object(kind, ns, name, part), m) => {
             let verb = match m {
                 "GET" => "get",
                 "PATCH" => "patch",
@@ -378,23 +452,19 @@ fn handle(
                 "DELETE" if *part == Part::Main => "delete",
                 _ => "",
             };
+            let resource: &'static str = match (part, kind) {
+                (Part::Main, k) => k.plural(),
+                (Part::Status, Kind::Node) => "nodes/status",
+                (Part::Status, Kind::Namespace) => "namespaces/status",
+                (Part::Status, _) => "pods/status",
+            };
             (!verb.is_empty()).then_some(Access {
                 verb,
-                resource: if *part == Part::Main {
-                    "nodes"
-                } else {
-                    "nodes/status"
-                },
+                resource,
                 name: Some(name),
-                namespace: None,
+                namespace: (!ns.is_empty()).then_some(*ns),
             })
         }
-        (Route::Pod(ns, name), "GET") => Some(Access {
-            verb: "get",
-            resource: "pods",
-            name: Some(name),
-            namespace: Some(ns),
-        }),
         _ => {
             let e = ApiError::method_not_allowed();
             shared.log(req, &principal.user, "", e.code);
@@ -423,10 +493,10 @@ fn handle(
             return Ok(true);
         }
     }
-    if watch && matches!(route, Route::Nodes) {
+    if let (true, Route::Collection(kind, ns)) = (watch, &route) {
         // After a watch that ended as it should, the connection serves the next request, as
         // the API server's does.
-        return stream_watch(req, shared, w, stopped, |code| {
+        return stream_watch(req, shared, w, stopped, *kind, *ns, |code| {
             shared.log(req, &principal.user, verb, code)
         });
     }
@@ -470,10 +540,15 @@ fn name_selector(req: &Request) -> Result<Option<String>, ApiError> {
 
 fn answer(req: &Request, route: &Route, shared: &Shared) -> Result<(u16, String), ApiError> {
     let mut store = shared.store();
+    let body = || -> Result<Value, ApiError> {
+        serde_json::from_slice(&req.body).map_err(|e| {
+            ApiError::bad_request(format!("the object provided is not valid JSON: {e}"))
+        })
+    };
     match (route, req.method.as_str()) {
         (Route::Discovery(doc), _) => Ok((200, doc.to_string())),
-        (Route::Nodes, "GET") => {
-            let (code, body, more) = list(req, &mut store)?;
+        (Route::Collection(kind, ns), "GET") => {
+            let (code, body, more) = list(req, &mut store, *kind, *ns)?;
             if more && req.param("continue").is_none_or(str::is_empty) {
                 let mut faults = shared.faults();
                 if std::mem::take(&mut faults.compact_after_first_page) {
@@ -482,28 +557,27 @@ fn answer(req: &Request, route: &Route, shared: &Shared) -> Result<(u16, String)
             }
             Ok((code, body))
         }
-        (Route::Nodes, "POST") => {
-            let node: Value = serde_json::from_slice(&req.body).map_err(|e| {
-                ApiError::bad_request(format!("the object provided is not valid JSON: {e}"))
-            })?;
-            let made = store.create(node)?;
+        (Route::Collection(kind, ns), "POST") => {
+            let made = store.create(*kind, ns.unwrap_or_default(), body()?)?;
             shared.changed.notify_all();
-            Ok((201, typed(&made, "Node")))
+            Ok((201, typed(&made, *kind)))
         }
-        (Route::Node(name, _), "GET") => Ok((200, typed(&*store.get(name)?, "Node"))),
-        (Route::Node(name, part), "PATCH") => {
-            let kind = patch_type(req.header("content-type"))?;
-            let n = store.patch(name, *part, kind, &req.body)?;
+        (Route::Object(kind, ns, name, _), "GET") => {
+            Ok((200, typed(&*store.get(*kind, ns, name)?, *kind)))
+        }
+        (Route::Object(kind, ns, name, part), "PATCH") => {
+            let patch_type = patch_type(req.header("content-type"))?;
+            let n = store.patch(*kind, ns, name, *part, patch_type, &req.body)?;
             shared.changed.notify_all();
-            Ok((200, typed(&n, "Node")))
+            Ok((200, typed(&n, *kind)))
         }
-        (Route::Node(name, part), "PUT") => {
-            let n = store.update(name, *part, &req.body)?;
+        (Route::Object(kind, ns, name, part), "PUT") => {
+            let n = store.update(*kind, ns, name, *part, &req.body)?;
             shared.changed.notify_all();
-            Ok((200, typed(&n, "Node")))
+            Ok((200, typed(&n, *kind)))
         }
-        (Route::Node(name, _), "DELETE") => {
-            let gone = store.delete(name)?;
+        (Route::Object(Kind::Node, _, name, _), "DELETE") => {
+            let gone = store.delete(Kind::Node, "", name)?;
             shared.changed.notify_all();
             let uid = gone
                 .pointer("/metadata/uid")
@@ -517,13 +591,22 @@ fn answer(req: &Request, route: &Route, shared: &Shared) -> Result<(u16, String)
                 ),
             ))
         }
-        (Route::Pod(ns, name), "GET") => Ok((200, typed(&*store.pod(ns, name)?, "Pod"))),
+        (Route::Object(kind, ns, name, _), "DELETE") => {
+            let gone = store.delete(*kind, ns, name)?;
+            shared.changed.notify_all();
+            Ok((200, typed(&gone, *kind)))
+        }
         _ => Err(ApiError::method_not_allowed()),
     }
 }
 
 /// A page of the list, and whether more follow.
-fn list(req: &Request, store: &mut Store) -> Result<(u16, String, bool), ApiError> {
+fn list(
+    req: &Request,
+    store: &mut Store,
+    kind: Kind,
+    namespace: Option<&str>,
+) -> Result<(u16, String, bool), ApiError> {
     let limit: usize = match req.param("limit") {
         None | Some("") => 0,
         Some(l) => l
@@ -548,7 +631,11 @@ fn list(req: &Request, store: &mut Store) -> Result<(u16, String, bool), ApiErro
         // A name selector needs no paging: at most one item.
         Some(name) => {
             let rv = store.resource_version();
-            let items = store.get(name).map(|n| vec![n]).unwrap_or_default();
+            let items = store
+                .current(kind, namespace)
+                .into_iter()
+                .filter(|o| name_of(o) == name)
+                .collect();
             super::store::Page {
                 rv,
                 items,
@@ -556,10 +643,14 @@ fn list(req: &Request, store: &mut Store) -> Result<(u16, String, bool), ApiErro
                 remaining: None,
             }
         }
-        None => store.list(limit, token)?,
+        None => store.list(kind, namespace, limit, token)?,
     };
     let mut out = String::with_capacity(page.items.len() * 1024 + 128);
-    out.push_str(r#"{"kind":"NodeList","apiVersion":"v1","metadata":{"resourceVersion":""#);
+    out.push_str(&format!(
+        r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":""#,
+        kind.name(),
+        kind.api_version()
+    ));
     out.push_str(&page.rv.to_string());
     out.push('"');
     if let Some(c) = &page.continue_token {
@@ -600,6 +691,8 @@ fn stream_watch(
     shared: &Shared,
     w: &mut impl Write,
     stopped: &AtomicBool,
+    kind: Kind,
+    namespace: Option<&str>,
     log: impl FnOnce(u16),
 ) -> std::io::Result<bool> {
     let bookmarks = req.flag("allowWatchBookmarks");
@@ -661,14 +754,18 @@ fn stream_watch(
     w.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\nTransfer-Encoding: chunked\r\n\r\n",
     )?;
-    let wanted = |v: &Value| only.as_deref().is_none_or(|n| name_of(v) == n);
+    let in_namespace = |v: &Value| {
+        namespace
+            .is_none_or(|ns| v.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns))
+    };
+    let wanted = |v: &Value| only.as_deref().is_none_or(|n| name_of(v) == n) && in_namespace(v);
     let mut cursor = {
         let store = shared.store();
         match from {
             None => {
                 let mut batch = String::new();
-                for n in store.current().iter().filter(|n| wanted(n)) {
-                    batch.push_str(&event_line("ADDED", &typed(n, "Node")));
+                for n in store.current(kind, namespace).iter().filter(|n| wanted(n)) {
+                    batch.push_str(&event_line("ADDED", &typed(n, kind)));
                 }
                 let rv = store.resource_version();
                 drop(store);
@@ -709,8 +806,11 @@ fn stream_watch(
             }
             Ok(events) => {
                 let mut batch = String::new();
-                for e in events.iter().filter(|e| wanted(&e.object)) {
-                    batch.push_str(&event_line(e.kind.as_str(), &typed(&e.object, "Node")));
+                for e in events
+                    .iter()
+                    .filter(|e| e.resource == kind && wanted(&e.object))
+                {
+                    batch.push_str(&event_line(e.kind.as_str(), &typed(&e.object, kind)));
                 }
                 if !batch.is_empty() {
                     chunk(w, batch.as_bytes())?;
@@ -723,7 +823,9 @@ fn stream_watch(
             let line = event_line(
                 "BOOKMARK",
                 &format!(
-                    r#"{{"kind":"Node","apiVersion":"v1","metadata":{{"resourceVersion":"{cursor}","creationTimestamp":null}},"spec":{{}},"status":{{}}}}"#
+                    r#"{{"kind":"{}","apiVersion":"{}","metadata":{{"resourceVersion":"{cursor}","creationTimestamp":null}},"spec":{{}},"status":{{}}}}"#,
+                    kind.name(),
+                    kind.api_version()
                 ),
             );
             chunk(w, line.as_bytes())?;

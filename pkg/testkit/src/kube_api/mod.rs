@@ -1,9 +1,12 @@
-//! A stand-in for kube-apiserver, for the daemon's Kubernetes mode: Nodes (list with
-//! `limit`/`continue`, watch with resourceVersion and bookmarks, 410 Expired, create, get,
-//! delete, merge / strategic-merge / JSON PATCH and PUT of `nodes/<name>` and
-//! `nodes/<name>/status`) and `GET` of one Pod, over HTTPS with bearer tokens, each token with
-//! its own permissions, errors as the API server's `Status` objects. One resource kind, done
-//! as the real server does it, not a general server.
+//! A stand-in for kube-apiserver, for the daemon's Kubernetes mode and the NetworkPolicy
+//! enforcer: Nodes, Namespaces, Pods and NetworkPolicies (list with `limit`/`continue`, of all
+//! namespaces or one, watch with resourceVersion and bookmarks, 410 Expired, create, get,
+//! delete, merge / strategic-merge / JSON PATCH and PUT of an object and of the status of a
+//! Node, Namespace or Pod), over HTTPS with bearer tokens, each token with its own
+//! permissions, errors as the API server's `Status` objects. Four kinds, done as the real
+//! server does them (a namespace labelled with its name, a pod's status its kubelet's, a
+//! policy's defaults), not a general server; policies are stored unvalidated, so that tests can
+//! give the enforcer what a real server would refuse.
 //!
 //! It listens inside a test's network namespace (a thread enters it before binding), keeps its
 //! objects across `stop` and `start` (as an API server restarted over the same etcd), and
@@ -21,7 +24,7 @@ mod http;
 pub mod patch;
 mod store;
 
-pub use store::{rfc3339, ApiError};
+pub use store::{rfc3339, ApiError, Kind, NAMESPACE_NAME_LABEL};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -44,6 +47,16 @@ pub const FLANNEL_RULES: &[(&str, &str)] = &[
     ("watch", "nodes"),
     ("patch", "nodes/status"),
     ("get", "pods"),
+];
+
+/// The rules of the NetworkPolicy enforcer's ClusterRole (kube-network-policies' too).
+pub const NETPOL_RULES: &[(&str, &str)] = &[
+    ("list", "namespaces"),
+    ("watch", "namespaces"),
+    ("list", "pods"),
+    ("watch", "pods"),
+    ("list", "networkpolicies"),
+    ("watch", "networkpolicies"),
 ];
 
 /// Watch events kept for watches that resume (the API server's watch cache).
@@ -627,43 +640,108 @@ impl KubeApi {
 
     /// Creates a Node as `kubectl create` would; panics with the API's error.
     pub fn create_node(&self, node: Value) -> Value {
-        let made = self
-            .shared
-            .store()
-            .create(node)
-            .unwrap_or_else(|e| panic!("creating a node: {}", e.message));
-        self.shared.changed.notify_all();
-        (*made).clone()
+        self.create(Kind::Node, "", node)
+            .unwrap_or_else(|e| panic!("creating a node: {}", e.message))
     }
 
     /// Creates many Nodes under one lock, as a burst.
     pub fn create_nodes(&self, nodes: impl IntoIterator<Item = Value>) {
+        self.create_many(Kind::Node, "", nodes);
+    }
+
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.get(Kind::Node, "", name)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.count(Kind::Node)
+    }
+
+    /// A merge patch of `nodes/<name>` (`status`: of `nodes/<name>/status`).
+    pub fn patch_node(&self, name: &str, status: bool, patch: &Value) -> Result<Value, ApiError> {
+        self.patch(Kind::Node, "", name, status, patch)
+    }
+
+    pub fn delete_node(&self, name: &str) -> Result<(), ApiError> {
+        self.delete(Kind::Node, "", name).map(|_| ())
+    }
+
+    /// A Pod the daemon can find its node through (POD_NAME, POD_NAMESPACE): on the host's
+    /// network, as kube-flannel's pods are; its namespace is made when missing.
+    pub fn add_pod(&self, namespace: &str, name: &str, node: &str) {
         let mut store = self.shared.store();
-        for n in nodes {
-            if let Err(e) = store.create(n) {
-                panic!("creating a node: {}", e.message);
+        if store.get(Kind::Namespace, "", namespace).is_err() {
+            let ns = serde_json::json!({"metadata": {"name": namespace}});
+            if let Err(e) = store.create(Kind::Namespace, "", ns) {
+                panic!("creating namespace {namespace}: {}", e.message);
+            }
+        }
+        let pod = serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node,
+                "hostNetwork": true,
+                "containers": [{"name": "kube-flannel", "image": "flanneld"}],
+            },
+        });
+        if let Err(e) = store.create(Kind::Pod, namespace, pod) {
+            panic!("creating pod {namespace}/{name}: {}", e.message);
+        }
+        drop(store);
+        self.shared.changed.notify_all();
+    }
+
+    /// Creates an object of `kind` (in `namespace` when the kind is namespaced) as a POST
+    /// would; the stored object.
+    pub fn create(&self, kind: Kind, namespace: &str, obj: Value) -> Result<Value, ApiError> {
+        let made = self.shared.store().create(kind, namespace, obj)?;
+        self.shared.changed.notify_all();
+        Ok((*made).clone())
+    }
+
+    /// Creates many objects under one lock, as a burst; panics with the API's error.
+    pub fn create_many(&self, kind: Kind, namespace: &str, objs: impl IntoIterator<Item = Value>) {
+        let mut store = self.shared.store();
+        for o in objs {
+            if let Err(e) = store.create(kind, namespace, o) {
+                panic!("creating {} in {namespace:?}: {}", kind.plural(), e.message);
             }
         }
         drop(store);
         self.shared.changed.notify_all();
     }
 
-    pub fn node(&self, name: &str) -> Option<Value> {
-        self.shared.store().get(name).ok().map(|n| (*n).clone())
+    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .store()
+            .get(kind, namespace, name)
+            .ok()
+            .map(|n| (*n).clone())
     }
 
-    pub fn node_count(&self) -> usize {
-        self.shared.store().len()
+    /// How many objects of `kind` there are.
+    pub fn count(&self, kind: Kind) -> usize {
+        self.shared.store().count(kind)
     }
 
-    /// A merge patch of `nodes/<name>` (`status`: of `nodes/<name>/status`).
-    pub fn patch_node(&self, name: &str, status: bool, patch: &Value) -> Result<Value, ApiError> {
+    /// A merge patch of an object (`status`: of its status, as its kubelet or controller
+    /// writes it).
+    pub fn patch(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        status: bool,
+        patch: &Value,
+    ) -> Result<Value, ApiError> {
         let part = if status {
             store::Part::Status
         } else {
             store::Part::Main
         };
         let n = self.shared.store().patch(
+            kind,
+            namespace,
             name,
             part,
             store::PatchType::Merge,
@@ -673,15 +751,30 @@ impl KubeApi {
         Ok((*n).clone())
     }
 
-    pub fn delete_node(&self, name: &str) -> Result<(), ApiError> {
-        self.shared.store().delete(name)?;
+    /// Replaces an object's metadata and spec, as a PUT does.
+    pub fn replace(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        obj: &Value,
+    ) -> Result<Value, ApiError> {
+        let n = self.shared.store().update(
+            kind,
+            namespace,
+            name,
+            store::Part::Main,
+            obj.to_string().as_bytes(),
+        )?;
         self.shared.changed.notify_all();
-        Ok(())
+        Ok((*n).clone())
     }
 
-    /// A Pod the daemon can find its node through (POD_NAME, POD_NAMESPACE).
-    pub fn add_pod(&self, namespace: &str, name: &str, node: &str) {
-        self.shared.store().add_pod(namespace, name, node);
+    /// Deletes an object (a namespace with everything in it); the deleted object.
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) -> Result<Value, ApiError> {
+        let gone = self.shared.store().delete(kind, namespace, name)?;
+        self.shared.changed.notify_all();
+        Ok((*gone).clone())
     }
 
     pub fn resource_version(&self) -> u64 {

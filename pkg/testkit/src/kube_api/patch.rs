@@ -1,14 +1,16 @@
-//! The three patch types the API server takes for a Node: JSON merge patch (RFC 7386),
-//! strategic merge patch (lists merged by the key the Node schema gives them) and JSON patch
+//! The three patch types the API server takes for an object: JSON merge patch (RFC 7386),
+//! strategic merge patch (lists merged by the key the schema gives them) and JSON patch
 //! (RFC 6902). Pure: a document and a patch in, the patched document or the reason out.
 
 use serde_json::{Map, Value};
 
-/// How a list field of a Node is merged by a strategic merge patch; lists not named here are
+/// How a list field of an object is merged by a strategic merge patch; lists not named here are
 /// replaced whole, as the schema says for them.
 fn list_strategy(path: &str) -> ListStrategy {
     match path {
         "status.conditions" | "status.addresses" => ListStrategy::ByKey("type"),
+        "status.podIPs" => ListStrategy::ByKey("ip"),
+        "spec.containers" | "status.containerStatuses" => ListStrategy::ByKey("name"),
         "status.volumesAttached" => ListStrategy::ByKey("name"),
         "metadata.ownerReferences" => ListStrategy::ByKey("uid"),
         "metadata.finalizers" | "spec.podCIDRs" => ListStrategy::Union,
@@ -41,7 +43,7 @@ pub fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
-/// Kubernetes' strategic merge patch for a Node: as `merge`, except that the lists the schema
+/// Kubernetes' strategic merge patch: as `merge`, except that the lists the schema
 /// marks are merged by their key (conditions by `type`) or as sets, and `$patch` directives.
 pub fn strategic(target: &mut Value, patch: &Value) -> Result<(), String> {
     strategic_at(target, patch, "")

@@ -83,11 +83,11 @@ impl ApiError {
         name: Option<&str>,
         namespace: Option<&str>,
     ) -> ApiError {
-        let kind = resource.split('/').next().unwrap_or(resource);
-        let kind: &'static str = if kind == "pods" { "pods" } else { "nodes" };
+        let plural = resource.split('/').next().unwrap_or(resource);
+        let kind = Kind::from_plural(plural).unwrap_or(Kind::Node);
         let what = match name {
-            Some(n) => format!("{kind} {n:?}"),
-            None => kind.to_string(),
+            Some(n) => format!("{} {n:?}", kind.plural()),
+            None => kind.plural().to_string(),
         };
         let scope = match namespace {
             Some(ns) => format!("in the namespace {ns:?}"),
@@ -97,10 +97,11 @@ impl ApiError {
             403,
             "Forbidden",
             format!(
-                "{what} is forbidden: User {user:?} cannot {verb} resource {resource:?} in API group \"\" {scope}"
+                "{what} is forbidden: User {user:?} cannot {verb} resource {resource:?} in API group {:?} {scope}",
+                kind.group()
             ),
         );
-        e.about(name.unwrap_or_default(), kind)
+        e.about(name.unwrap_or_default(), kind.plural())
     }
 
     pub fn method_not_allowed() -> ApiError {
@@ -123,13 +124,13 @@ impl ApiError {
         )
     }
 
-    fn invalid(name: &str, field_errors: &str) -> ApiError {
+    fn invalid(kind: Kind, name: &str, field_errors: &str) -> ApiError {
         ApiError::new(
             422,
             "Invalid",
-            format!("Node {name:?} is invalid: {field_errors}"),
+            format!("{} {name:?} is invalid: {field_errors}", kind.name()),
         )
-        .about(name, "nodes")
+        .about(name, kind.plural())
     }
 
     /// A watch from a resourceVersion older than the event window.
@@ -197,14 +198,73 @@ impl EventKind {
     }
 }
 
+/// The kinds of object the stand-in keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    Namespace,
+    Pod,
+    NetworkPolicy,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Node, Kind::Namespace, Kind::Pod, Kind::NetworkPolicy];
+
+    /// The resource's name in URLs and RBAC rules.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Node => "nodes",
+            Kind::Namespace => "namespaces",
+            Kind::Pod => "pods",
+            Kind::NetworkPolicy => "networkpolicies",
+        }
+    }
+
+    pub fn from_plural(plural: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.plural() == plural)
+    }
+
+    /// The `kind` field of one object (`Node`); a list's is this with `List` after it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Node => "Node",
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::NetworkPolicy => "NetworkPolicy",
+        }
+    }
+
+    /// The API group ("" for the core group).
+    pub fn group(self) -> &'static str {
+        match self {
+            Kind::NetworkPolicy => "networking.k8s.io",
+            _ => "",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    pub fn namespaced(self) -> bool {
+        matches!(self, Kind::Pod | Kind::NetworkPolicy)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Event {
     pub rv: u64,
     pub kind: EventKind,
+    pub resource: Kind,
     pub object: Arc<Value>,
 }
 
-type Nodes = BTreeMap<String, Arc<Value>>;
+/// One kind's objects by (namespace, name) ("" for cluster-scoped objects), in the order etcd
+/// keeps their keys.
+type Objects = BTreeMap<(String, String), Arc<Value>>;
 
 /// One page of a list.
 pub struct Page {
@@ -214,12 +274,12 @@ pub struct Page {
     pub remaining: Option<usize>,
 }
 
-/// Which part of a Node a write may change.
+/// Which part of an object a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
-    /// `nodes/<name>`: metadata and spec; status stays.
+    /// `<resource>/<name>`: metadata and spec; status stays.
     Main,
-    /// `nodes/<name>/status`: metadata and status; spec stays.
+    /// `<resource>/<name>/status`: metadata and status; spec stays.
     Status,
 }
 
@@ -234,25 +294,29 @@ pub enum PatchType {
 const FIRST_RV: u64 = 1000;
 /// List snapshots kept for continue tokens.
 const SNAPSHOTS: usize = 8;
+/// The label the API server gives every namespace, its name as value.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 pub struct Store {
     rv: u64,
-    nodes: Nodes,
-    pods: BTreeMap<(String, String), Arc<Value>>,
+    objects: BTreeMap<Kind, Objects>,
     events: VecDeque<Event>,
     /// A watch may resume from this resourceVersion or later.
     oldest: u64,
     event_window: usize,
-    snapshots: VecDeque<(u64, Arc<Nodes>)>,
+    snapshots: VecDeque<(Kind, u64, Arc<Objects>)>,
     uids: u64,
+}
+
+fn key(namespace: &str, name: &str) -> (String, String) {
+    (namespace.to_string(), name.to_string())
 }
 
 impl Store {
     pub fn new(event_window: usize) -> Store {
         Store {
             rv: FIRST_RV,
-            nodes: BTreeMap::new(),
-            pods: BTreeMap::new(),
+            objects: Kind::ALL.into_iter().map(|k| (k, Objects::new())).collect(),
             events: VecDeque::new(),
             oldest: FIRST_RV,
             event_window: event_window.max(1),
@@ -265,22 +329,25 @@ impl Store {
         self.rv
     }
 
-    pub fn len(&self) -> usize {
-        self.nodes.len()
+    fn of(&self, kind: Kind) -> &Objects {
+        static EMPTY: Objects = Objects::new();
+        self.objects.get(&kind).unwrap_or(&EMPTY)
     }
 
-    pub fn get(&self, name: &str) -> Result<Arc<Value>> {
-        self.nodes
-            .get(name)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found("nodes", name))
+    fn of_mut(&mut self, kind: Kind) -> &mut Objects {
+        self.objects.entry(kind).or_default()
     }
 
-    pub fn pod(&self, namespace: &str, name: &str) -> Result<Arc<Value>> {
-        self.pods
-            .get(&(namespace.to_string(), name.to_string()))
+    /// How many objects of `kind` there are.
+    pub fn count(&self, kind: Kind) -> usize {
+        self.of(kind).len()
+    }
+
+    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Value>> {
+        self.of(kind)
+            .get(&key(namespace, name))
             .cloned()
-            .ok_or_else(|| ApiError::not_found("pods", name))
+            .ok_or_else(|| ApiError::not_found(kind.plural(), name))
     }
 
     /// Every event after `rv`, or 410 when they have left the window.
@@ -292,9 +359,14 @@ impl Store {
         Ok(self.events.range(start..).cloned().collect())
     }
 
-    /// Every current node, as the synthetic ADDED events of a watch without a resourceVersion.
-    pub fn current(&self) -> Vec<Arc<Value>> {
-        self.nodes.values().cloned().collect()
+    /// Every current object of `kind` (in `namespace` when given), as the synthetic ADDED
+    /// events of a watch without a resourceVersion.
+    pub fn current(&self, kind: Kind, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        self.of(kind)
+            .iter()
+            .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want))
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// Forgets every event so far: a watch from any earlier resourceVersion gets 410, and so
@@ -318,10 +390,11 @@ impl Store {
         )
     }
 
-    fn record(&mut self, kind: EventKind, object: Arc<Value>) {
+    fn record(&mut self, kind: EventKind, resource: Kind, object: Arc<Value>) {
         self.events.push_back(Event {
             rv: self.rv,
             kind,
+            resource,
             object,
         });
         while self.events.len() > self.event_window {
@@ -331,81 +404,119 @@ impl Store {
         }
     }
 
-    /// POST /api/v1/nodes.
-    pub fn create(&mut self, mut node: Value) -> Result<Arc<Value>> {
-        let Some(obj) = node.as_object_mut() else {
-            return Err(ApiError::bad_request(
-                "the object provided is not a Node: not a JSON object".into(),
-            ));
+    /// POST of an object of `kind`, in `namespace` for a namespaced kind (the namespace the
+    /// object names is then ignored, as the URL's wins).
+    pub fn create(&mut self, kind: Kind, namespace: &str, mut obj: Value) -> Result<Arc<Value>> {
+        let Some(o) = obj.as_object_mut() else {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is not a {}: not a JSON object",
+                kind.name()
+            )));
         };
-        obj.remove("kind");
-        obj.remove("apiVersion");
-        let name = node
+        o.remove("kind");
+        o.remove("apiVersion");
+        let name = obj
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
         if name.is_empty() {
             return Err(ApiError::invalid(
+                kind,
                 "",
                 "metadata.name: Required value: name or generateName is required",
             ));
         }
-        if self.nodes.contains_key(&name) {
+        let namespace = if kind.namespaced() { namespace } else { "" };
+        if kind.namespaced() && !self.of(Kind::Namespace).contains_key(&key("", namespace)) {
+            return Err(ApiError::not_found("namespaces", namespace));
+        }
+        if self.of(kind).contains_key(&key(namespace, &name)) {
             return Err(ApiError::new(
                 409,
                 "AlreadyExists",
-                format!("nodes {name:?} already exists"),
+                format!("{} {name:?} already exists", kind.plural()),
             )
-            .about(&name, "nodes"));
+            .about(&name, kind.plural()));
         }
-        normalise(&mut node, &name)?;
+        if kind == Kind::Pod {
+            // The kubelet writes a pod's status; what a create carries is dropped.
+            obj["status"] = json!({"phase": "Pending"});
+        }
+        normalise(kind, &mut obj, &name)?;
         let uid = self.next_uid();
         self.rv += 1;
-        let meta = node
+        let meta = obj
             .get_mut("metadata")
             .and_then(Value::as_object_mut)
             .ok_or_else(|| ApiError::bad_request("metadata is not an object".into()))?;
+        if kind.namespaced() {
+            meta.insert("namespace".into(), namespace.into());
+        } else {
+            meta.remove("namespace");
+        }
         meta.insert("uid".into(), uid.into());
         meta.insert("resourceVersion".into(), self.rv.to_string().into());
         meta.insert(
             "creationTimestamp".into(),
             rfc3339(SystemTime::now()).into(),
         );
-        let node = Arc::new(node);
-        self.nodes.insert(name, node.clone());
-        self.record(EventKind::Added, node.clone());
-        Ok(node)
+        let obj = Arc::new(obj);
+        self.of_mut(kind).insert(key(namespace, &name), obj.clone());
+        self.record(EventKind::Added, kind, obj.clone());
+        Ok(obj)
     }
 
-    /// DELETE /api/v1/nodes/<name>: the deleted object.
-    pub fn delete(&mut self, name: &str) -> Result<Arc<Value>> {
+    /// DELETE of an object: the deleted object. A namespace takes what is in it along, each
+    /// with its own event, as its finalizer does.
+    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Value>> {
+        let namespace = if kind.namespaced() { namespace } else { "" };
+        if !self.of(kind).contains_key(&key(namespace, name)) {
+            return Err(ApiError::not_found(kind.plural(), name));
+        }
+        if kind == Kind::Namespace {
+            for inner in Kind::ALL.into_iter().filter(|k| k.namespaced()) {
+                let names: Vec<String> = self
+                    .of(inner)
+                    .keys()
+                    .filter(|(ns, _)| ns == name)
+                    .map(|(_, n)| n.clone())
+                    .collect();
+                for n in names {
+                    self.delete(inner, name, &n)?;
+                }
+            }
+        }
         let old = self
-            .nodes
-            .remove(name)
-            .ok_or_else(|| ApiError::not_found("nodes", name))?;
+            .of_mut(kind)
+            .remove(&key(namespace, name))
+            .ok_or_else(|| ApiError::not_found(kind.plural(), name))?;
         self.rv += 1;
         let mut gone = (*old).clone();
         set_rv(&mut gone, self.rv);
         let gone = Arc::new(gone);
-        self.record(EventKind::Deleted, gone.clone());
+        self.record(EventKind::Deleted, kind, gone.clone());
         Ok(gone)
     }
 
-    /// PATCH of `nodes/<name>` or `nodes/<name>/status`. A patch that changes nothing changes
-    /// no resourceVersion and makes no event.
+    /// PATCH of an object or its status. A patch that changes nothing changes no
+    /// resourceVersion and makes no event.
+    #[allow(clippy::too_many_arguments)]
     pub fn patch(
         &mut self,
+        kind: Kind,
+        namespace: &str,
         name: &str,
         part: Part,
-        kind: PatchType,
+        patch_type: PatchType,
         body: &[u8],
     ) -> Result<Arc<Value>> {
-        let old = self.get(name)?;
+        let namespace = if kind.namespaced() { namespace } else { "" };
+        let old = self.get(kind, namespace, name)?;
         let patch: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
         let mut new = (*old).clone();
-        let applied = match kind {
+        let applied = match patch_type {
             PatchType::Merge => {
                 if !patch.is_object() {
                     Err("a merge patch must be a JSON object".to_string())
@@ -422,12 +533,20 @@ impl Store {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .map(str::to_string);
-        self.replace(name, &old, new, part, wanted_rv.as_deref())
+        self.replace(kind, namespace, &old, new, part, wanted_rv.as_deref())
     }
 
-    /// PUT of `nodes/<name>` or `nodes/<name>/status`.
-    pub fn update(&mut self, name: &str, part: Part, body: &[u8]) -> Result<Arc<Value>> {
-        let old = self.get(name)?;
+    /// PUT of an object or its status.
+    pub fn update(
+        &mut self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        part: Part,
+        body: &[u8],
+    ) -> Result<Arc<Value>> {
+        let namespace = if kind.namespaced() { namespace } else { "" };
+        let old = self.get(kind, namespace, name)?;
         let mut new: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("the object provided is invalid: {e}")))?;
         if let Some(o) = new.as_object_mut() {
@@ -438,17 +557,19 @@ impl Store {
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
             .map(str::to_string);
-        self.replace(name, &old, new, part, wanted_rv.as_deref())
+        self.replace(kind, namespace, &old, new, part, wanted_rv.as_deref())
     }
 
     fn replace(
         &mut self,
-        name: &str,
+        kind: Kind,
+        namespace: &str,
         old: &Arc<Value>,
         mut new: Value,
         part: Part,
         wanted_rv: Option<&str>,
     ) -> Result<Arc<Value>> {
+        let name = name_of(old).to_string();
         let current_rv = old
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -458,11 +579,12 @@ impl Store {
                 409,
                 "Conflict",
                 format!(
-                    "Operation cannot be fulfilled on nodes {name:?}: the object has been \
-                     modified; please apply your changes to the latest version and try again"
+                    "Operation cannot be fulfilled on {} {name:?}: the object has been \
+                     modified; please apply your changes to the latest version and try again",
+                    kind.plural()
                 ),
             )
-            .about(name, "nodes"));
+            .about(&name, kind.plural()));
         }
         if !new.is_object() {
             return Err(ApiError::bad_request(
@@ -482,7 +604,13 @@ impl Store {
                 }
             }
         }
-        for field in ["name", "uid", "creationTimestamp", "resourceVersion"] {
+        for field in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "resourceVersion",
+        ] {
             let v = old.pointer(&format!("/metadata/{field}")).cloned();
             match (new.get_mut("metadata").and_then(Value::as_object_mut), v) {
                 (Some(m), Some(v)) => {
@@ -494,16 +622,19 @@ impl Store {
                 (None, _) => return Err(ApiError::bad_request("metadata is missing".into())),
             }
         }
-        normalise(&mut new, name)?;
-        let cidrs = |v: &Value| v.pointer("/spec/podCIDRs").cloned();
-        let had = cidrs(old)
-            .and_then(|c| c.as_array().cloned())
-            .unwrap_or_default();
-        if !had.is_empty() && cidrs(&new).and_then(|c| c.as_array().cloned()) != Some(had) {
-            return Err(ApiError::invalid(
-                name,
-                "spec.podCIDRs: Forbidden: node updates may not change podCIDR except from \"\" to valid",
-            ));
+        normalise(kind, &mut new, &name)?;
+        if kind == Kind::Node {
+            let cidrs = |v: &Value| v.pointer("/spec/podCIDRs").cloned();
+            let had = cidrs(old)
+                .and_then(|c| c.as_array().cloned())
+                .unwrap_or_default();
+            if !had.is_empty() && cidrs(&new).and_then(|c| c.as_array().cloned()) != Some(had) {
+                return Err(ApiError::invalid(
+                    kind,
+                    &name,
+                    "spec.podCIDRs: Forbidden: node updates may not change podCIDR except from \"\" to valid",
+                ));
+            }
         }
         if new == **old {
             return Ok(old.clone());
@@ -511,36 +642,20 @@ impl Store {
         self.rv += 1;
         set_rv(&mut new, self.rv);
         let new = Arc::new(new);
-        self.nodes.insert(name.to_string(), new.clone());
-        self.record(EventKind::Modified, new.clone());
+        self.of_mut(kind).insert(key(namespace, &name), new.clone());
+        self.record(EventKind::Modified, kind, new.clone());
         Ok(new)
     }
 
-    /// A Pod for `GET /api/v1/namespaces/<ns>/pods/<name>`, placed on `node`.
-    pub fn add_pod(&mut self, namespace: &str, name: &str, node: &str) {
-        let uid = self.next_uid();
-        self.rv += 1;
-        let pod = json!({
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-                "resourceVersion": self.rv.to_string(),
-                "creationTimestamp": rfc3339(SystemTime::now()),
-            },
-            "spec": {
-                "nodeName": node,
-                "containers": [{"name": "kube-flannel", "image": "flanneld"}],
-            },
-            "status": {"phase": "Running"},
-        });
-        self.pods
-            .insert((namespace.to_string(), name.to_string()), Arc::new(pod));
-    }
-
-    /// One page of the list: `limit` items (all when 0) after the continue token's position,
-    /// from the snapshot of the list the token belongs to.
-    pub fn list(&mut self, limit: usize, token: Option<&str>) -> Result<Page> {
+    /// One page of the list of `kind` (in `namespace` when given): `limit` items (all when 0)
+    /// after the continue token's position, from the snapshot of the list the token belongs to.
+    pub fn list(
+        &mut self,
+        kind: Kind,
+        namespace: Option<&str>,
+        limit: usize,
+        token: Option<&str>,
+    ) -> Result<Page> {
         let (rv, snapshot, start) = match token {
             // The first page reads the live objects; a snapshot is taken only if more follow.
             None => (self.rv, None, None),
@@ -549,35 +664,43 @@ impl Store {
                 let snapshot = self
                     .snapshots
                     .iter()
-                    .find(|(r, _)| *r == rv)
-                    .map(|(_, s)| s.clone())
+                    .find(|(k, r, _)| *k == kind && *r == rv)
+                    .map(|(_, _, s)| s.clone())
                     .ok_or_else(ApiError::continue_expired)?;
                 (rv, Some(snapshot), Some(start))
             }
         };
-        let source: &Nodes = snapshot.as_deref().unwrap_or(&self.nodes);
+        let source: &Objects = snapshot.as_deref().unwrap_or_else(|| self.of(kind));
         let after = match &start {
-            Some(s) => std::ops::Bound::Excluded(s.as_str()),
+            Some(s) => std::ops::Bound::Excluded(s.clone()),
             None => std::ops::Bound::Unbounded,
         };
-        let mut rest = source.range::<str, _>((after, std::ops::Bound::Unbounded));
-        let items: Vec<Arc<Value>> = match limit {
-            0 => rest.by_ref().map(|(_, v)| v.clone()).collect(),
-            n => rest.by_ref().take(n).map(|(_, v)| v.clone()).collect(),
+        let mut rest = source
+            .range((after, std::ops::Bound::Unbounded))
+            .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
+        let items: Vec<(&(String, String), &Arc<Value>)> = match limit {
+            0 => rest.by_ref().collect(),
+            n => rest.by_ref().take(n).collect(),
         };
         let remaining = rest.count();
-        let continue_token = if remaining > 0 {
-            if !self.snapshots.iter().any(|(r, _)| *r == rv) {
-                let taken = Arc::new(self.nodes.clone());
-                self.snapshots.push_back((rv, taken));
-                while self.snapshots.len() > SNAPSHOTS {
-                    self.snapshots.pop_front();
+        let last = items.last().map(|(k, _)| (*k).clone());
+        let items: Vec<Arc<Value>> = items.into_iter().map(|(_, v)| v.clone()).collect();
+        let continue_token = match last {
+            Some(last) if remaining > 0 => {
+                if !self
+                    .snapshots
+                    .iter()
+                    .any(|(k, r, _)| *k == kind && *r == rv)
+                {
+                    let taken = Arc::new(self.of(kind).clone());
+                    self.snapshots.push_back((kind, rv, taken));
+                    while self.snapshots.len() > SNAPSHOTS {
+                        self.snapshots.pop_front();
+                    }
                 }
+                Some(encode_continue(rv, &last))
             }
-            let last = items.last().map(|v| name_of(v)).unwrap_or_default();
-            Some(encode_continue(rv, last))
-        } else {
-            None
+            _ => None,
         };
         Ok(Page {
             rv,
@@ -600,19 +723,100 @@ fn set_rv(node: &mut Value, rv: u64) {
     }
 }
 
-/// What the API server does to every Node it stores: `spec` and `status` present, `podCIDR`
-/// and `podCIDRs` kept in step, and the CIDRs validated.
-fn normalise(node: &mut Value, name: &str) -> Result<()> {
-    let Some(obj) = node.as_object_mut() else {
+/// What the API server does to every object it stores: `metadata`, `spec` and `status`
+/// present (no status for a NetworkPolicy), and what each kind's defaults and validation add.
+fn normalise(kind: Kind, obj: &mut Value, name: &str) -> Result<()> {
+    let Some(o) = obj.as_object_mut() else {
         return Err(ApiError::bad_request(
             "the object is not a JSON object".into(),
         ));
     };
     for part in ["metadata", "spec", "status"] {
-        if !obj.get(part).is_some_and(Value::is_object) {
-            obj.insert(part.into(), Value::Object(Map::new()));
+        if kind == Kind::NetworkPolicy && part == "status" {
+            continue;
+        }
+        if !o.get(part).is_some_and(Value::is_object) {
+            o.insert(part.into(), Value::Object(Map::new()));
         }
     }
+    match kind {
+        Kind::Node => normalise_node(obj, name),
+        Kind::Namespace => {
+            normalise_namespace(obj, name);
+            Ok(())
+        }
+        Kind::Pod => {
+            normalise_pod(obj);
+            Ok(())
+        }
+        Kind::NetworkPolicy => {
+            default_policy(obj);
+            Ok(())
+        }
+    }
+}
+
+/// Every namespace carries its name as a label, and starts Active.
+fn normalise_namespace(ns: &mut Value, name: &str) {
+    if !ns["metadata"]["labels"].is_object() {
+        ns["metadata"]["labels"] = json!({});
+    }
+    ns["metadata"]["labels"][NAMESPACE_NAME_LABEL] = name.into();
+    if ns["spec"].get("finalizers").is_none() {
+        ns["spec"]["finalizers"] = json!(["kubernetes"]);
+    }
+    if ns["status"].get("phase").is_none() {
+        ns["status"]["phase"] = "Active".into();
+    }
+}
+
+/// A container port's protocol defaults to TCP.
+fn normalise_pod(pod: &mut Value) {
+    let Some(containers) = pod["spec"]["containers"].as_array_mut() else {
+        return;
+    };
+    for c in containers {
+        let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for p in ports.iter_mut().filter(|p| p.get("protocol").is_none()) {
+            p["protocol"] = "TCP".into();
+        }
+    }
+}
+
+/// The API server's defaults of a NetworkPolicy: `policyTypes` from the rules present, and
+/// TCP for a port without a protocol. Nothing else is validated: the enforcer's tests hand it
+/// what a real server would refuse.
+fn default_policy(policy: &mut Value) {
+    let spec = &mut policy["spec"];
+    if spec["policyTypes"].as_array().is_none_or(|t| t.is_empty()) {
+        let mut types = vec![Value::from("Ingress")];
+        if spec["egress"].as_array().is_some_and(|e| !e.is_empty()) {
+            types.push("Egress".into());
+        }
+        spec["policyTypes"] = types.into();
+    }
+    for direction in ["ingress", "egress"] {
+        let Some(rules) = spec.get_mut(direction).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for rule in rules {
+            let Some(ports) = rule.get_mut("ports").and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for p in ports.iter_mut().filter(|p| p.get("protocol").is_none()) {
+                p["protocol"] = "TCP".into();
+            }
+        }
+    }
+}
+
+/// A Node's `podCIDR` and `podCIDRs` kept in step, and the CIDRs validated.
+fn normalise_node(node: &mut Value, name: &str) -> Result<()> {
+    let Some(obj) = node.as_object_mut() else {
+        return Ok(());
+    };
     let spec = obj
         .get_mut("spec")
         .and_then(Value::as_object_mut)
@@ -639,6 +843,7 @@ fn normalise(node: &mut Value, name: &str) -> Result<()> {
     for (i, c) in list.iter().enumerate() {
         if parse_cidr(c).is_none() {
             return Err(ApiError::invalid(
+                Kind::Node,
                 name,
                 &format!("spec.podCIDRs[{i}]: Invalid value: {c:?}: must be a valid CIDR value, (e.g. 10.9.8.0/24 or 2001:db8::/64)"),
             ));
@@ -647,12 +852,14 @@ fn normalise(node: &mut Value, name: &str) -> Result<()> {
     let families: Vec<Option<bool>> = list.iter().map(|c| parse_cidr(c)).collect();
     if list.len() > 2 || (list.len() == 2 && families[0] == families[1]) {
         return Err(ApiError::invalid(
+            Kind::Node,
             name,
             "spec.podCIDRs: Invalid value: \"[...]\": may specify no more than one CIDR for each IP family",
         ));
     }
     if !single.is_empty() && list.first() != Some(&single) {
         return Err(ApiError::invalid(
+            Kind::Node,
             name,
             &format!("spec.podCIDRs[0]: Invalid value: {single:?}: must be equal to spec.podCIDR"),
         ));
@@ -678,12 +885,16 @@ fn parse_cidr(c: &str) -> Option<bool> {
 }
 
 /// The API server's continue token: base64url of `{"v":"meta.k8s.io/v1","rv":N,"start":"k\u0000"}`.
-fn encode_continue(rv: u64, last: &str) -> String {
-    let body = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{last}\u{0}")});
+fn encode_continue(rv: u64, last: &(String, String)) -> String {
+    let start = match last {
+        (ns, name) if ns.is_empty() => format!("{name}\u{0}"),
+        (ns, name) => format!("{ns}/{name}\u{0}"),
+    };
+    let body = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(body.to_string())
 }
 
-fn decode_continue(token: &str) -> Result<(u64, String)> {
+fn decode_continue(token: &str) -> Result<(u64, (String, String))> {
     let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token.trim_end_matches('='))
@@ -694,7 +905,12 @@ fn decode_continue(token: &str) -> Result<(u64, String)> {
     }
     let rv = v["rv"].as_u64().ok_or_else(|| bad("no resourceVersion"))?;
     let start = v["start"].as_str().ok_or_else(|| bad("no start"))?;
-    Ok((rv, start.trim_end_matches('\u{0}').to_string()))
+    let start = start.trim_end_matches('\u{0}');
+    let key = match start.split_once('/') {
+        Some((ns, name)) => key(ns, name),
+        None => key("", start),
+    };
+    Ok((rv, key))
 }
 
 /// `2026-11-25T17:56:17Z`, as metav1.Time is written.
@@ -745,14 +961,17 @@ mod tests {
     fn pages_come_from_one_snapshot_and_expire_with_a_compaction() {
         let mut s = Store::new(100);
         for i in 0..5 {
-            s.create(node(&format!("n{i}"), None)).unwrap();
+            s.create(Kind::Node, "", node(&format!("n{i}"), None))
+                .unwrap();
         }
-        let p1 = s.list(2, None).unwrap();
+        let p1 = s.list(Kind::Node, None, 2, None).unwrap();
         assert_eq!(p1.items.len(), 2);
         assert_eq!(p1.remaining, Some(3));
         // A change between pages is not seen by the pages of the same list.
-        s.delete("n3").unwrap();
-        let p2 = s.list(2, p1.continue_token.as_deref()).unwrap();
+        s.delete(Kind::Node, "", "n3").unwrap();
+        let p2 = s
+            .list(Kind::Node, None, 2, p1.continue_token.as_deref())
+            .unwrap();
         let names: Vec<&str> = p2
             .items
             .iter()
@@ -761,9 +980,12 @@ mod tests {
         assert_eq!(names, ["n2", "n3"]);
         assert_eq!(p2.rv, p1.rv);
         s.compact();
-        let e = s.list(2, p2.continue_token.as_deref()).err().unwrap();
+        let e = s
+            .list(Kind::Node, None, 2, p2.continue_token.as_deref())
+            .err()
+            .unwrap();
         assert_eq!((e.code, e.reason), (410, "Expired"));
-        assert!(s.list(0, Some("garbage")).is_err());
+        assert!(s.list(Kind::Node, None, 0, Some("garbage")).is_err());
     }
 
     #[test]
@@ -771,10 +993,11 @@ mod tests {
         let mut s = Store::new(3);
         let start = s.resource_version();
         for i in 0..3 {
-            s.create(node(&format!("n{i}"), None)).unwrap();
+            s.create(Kind::Node, "", node(&format!("n{i}"), None))
+                .unwrap();
         }
         assert_eq!(s.events_since(start).unwrap().len(), 3);
-        s.create(node("n3", None)).unwrap();
+        s.create(Kind::Node, "", node("n3", None)).unwrap();
         let e = s.events_since(start).unwrap_err();
         assert_eq!(e.code, 410);
         assert_eq!(
@@ -787,21 +1010,27 @@ mod tests {
     #[test]
     fn status_patches_keep_the_spec_and_noops_keep_the_version() {
         let mut s = Store::new(100);
-        s.create(node("a", Some("10.5.1.0/24"))).unwrap();
+        s.create(Kind::Node, "", node("a", Some("10.5.1.0/24")))
+            .unwrap();
         let rv = s.resource_version();
         let p = br#"{"metadata":{"annotations":{"x":"1"}},"spec":{"unschedulable":true},"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#;
-        let n = s.patch("a", Part::Status, PatchType::Strategic, p).unwrap();
+        let n = s
+            .patch(Kind::Node, "", "a", Part::Status, PatchType::Strategic, p)
+            .unwrap();
         assert_eq!(n["metadata"]["annotations"]["x"], "1");
         assert!(n["spec"].get("unschedulable").is_none());
         assert_eq!(n["spec"]["podCIDRs"], json!(["10.5.1.0/24"]));
         assert_eq!(n["status"]["conditions"][0]["type"], "Ready");
         assert_eq!(s.resource_version(), rv + 1);
-        s.patch("a", Part::Status, PatchType::Strategic, p).unwrap();
+        s.patch(Kind::Node, "", "a", Part::Status, PatchType::Strategic, p)
+            .unwrap();
         assert_eq!(s.resource_version(), rv + 1);
         assert_eq!(s.events_since(rv + 1).unwrap().len(), 0);
         // podCIDR may be set once, never changed.
         let e = s
             .patch(
+                Kind::Node,
+                "",
                 "a",
                 Part::Main,
                 PatchType::Merge,
@@ -811,6 +1040,8 @@ mod tests {
         assert_eq!(e.code, 422);
         let e = s
             .patch(
+                Kind::Node,
+                "",
                 "a",
                 Part::Main,
                 PatchType::Merge,
@@ -838,11 +1069,21 @@ mod tests {
             r#"nodes "n1" is forbidden: User "system:serviceaccount:kube-flannel:flannel" cannot patch resource "nodes/status" in API group "" at the cluster scope"#
         );
         let mut s = Store::new(10);
-        s.create(node("a", None)).unwrap();
-        assert_eq!(s.create(node("a", None)).unwrap_err().code, 409);
-        assert_eq!(s.create(json!({"metadata": {}})).unwrap_err().code, 422);
+        s.create(Kind::Node, "", node("a", None)).unwrap();
         assert_eq!(
-            s.create(node("b", Some("banana"))).unwrap_err().reason,
+            s.create(Kind::Node, "", node("a", None)).unwrap_err().code,
+            409
+        );
+        assert_eq!(
+            s.create(Kind::Node, "", json!({"metadata": {}}))
+                .unwrap_err()
+                .code,
+            422
+        );
+        assert_eq!(
+            s.create(Kind::Node, "", node("b", Some("banana")))
+                .unwrap_err()
+                .reason,
             "Invalid"
         );
     }
@@ -851,12 +1092,113 @@ mod tests {
     fn dual_stack_cidrs_are_kept_in_step() {
         let mut s = Store::new(10);
         let n = s
-            .create(json!({"metadata": {"name": "a"}, "spec": {"podCIDRs": ["fd00:1::/64", "10.5.1.0/24"]}}))
+            .create(Kind::Node, "", json!({"metadata": {"name": "a"}, "spec": {"podCIDRs": ["fd00:1::/64", "10.5.1.0/24"]}}))
             .unwrap();
         assert_eq!(n["spec"]["podCIDR"], "fd00:1::/64");
         let e = s
-            .create(json!({"metadata": {"name": "b"}, "spec": {"podCIDRs": ["10.5.2.0/24", "10.5.3.0/24"]}}))
+            .create(Kind::Node, "", json!({"metadata": {"name": "b"}, "spec": {"podCIDRs": ["10.5.2.0/24", "10.5.3.0/24"]}}))
             .unwrap_err();
         assert_eq!(e.code, 422);
+    }
+
+    #[test]
+    fn namespaced_kinds_live_in_their_namespace_and_go_with_it() {
+        let mut s = Store::new(100);
+        let pod = |name: &str| json!({"metadata": {"name": name}, "spec": {"nodeName": "n1"}});
+        let e = s.create(Kind::Pod, "x", pod("a")).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (404, "namespaces \"x\" not found")
+        );
+        let ns = s
+            .create(Kind::Namespace, "", json!({"metadata": {"name": "x"}}))
+            .unwrap();
+        assert_eq!(ns["metadata"]["labels"][NAMESPACE_NAME_LABEL], "x");
+        s.create(Kind::Namespace, "", json!({"metadata": {"name": "y"}}))
+            .unwrap();
+        // What a create says of a pod's status is the kubelet's to write, not the client's.
+        let mut a = pod("a");
+        a["status"] = json!({"podIP": "10.5.1.2"});
+        let a = s.create(Kind::Pod, "x", a).unwrap();
+        assert_eq!(a["status"], json!({"phase": "Pending"}));
+        assert_eq!(a["metadata"]["namespace"], "x");
+        s.create(Kind::Pod, "x", pod("b")).unwrap();
+        s.create(Kind::Pod, "y", pod("a")).unwrap();
+        let names = |p: &Page| -> Vec<String> {
+            p.items
+                .iter()
+                .map(|v| {
+                    format!(
+                        "{}/{}",
+                        v["metadata"]["namespace"].as_str().unwrap(),
+                        name_of(v)
+                    )
+                })
+                .collect()
+        };
+        let first = s.list(Kind::Pod, None, 2, None).unwrap();
+        assert_eq!(names(&first), ["x/a", "x/b"]);
+        let rest = s
+            .list(Kind::Pod, None, 2, first.continue_token.as_deref())
+            .unwrap();
+        assert_eq!(names(&rest), ["y/a"]);
+        assert_eq!(
+            names(&s.list(Kind::Pod, Some("y"), 0, None).unwrap()),
+            ["y/a"]
+        );
+        let st = s
+            .patch(
+                Kind::Pod,
+                "x",
+                "a",
+                Part::Status,
+                PatchType::Strategic,
+                br#"{"status":{"podIPs":[{"ip":"10.5.1.2"}],"phase":"Running"}}"#,
+            )
+            .unwrap();
+        assert_eq!(st["status"]["podIPs"], json!([{"ip": "10.5.1.2"}]));
+        let rv = s.resource_version();
+        s.delete(Kind::Namespace, "", "x").unwrap();
+        let gone: Vec<(EventKind, Kind)> = s
+            .events_since(rv)
+            .unwrap()
+            .iter()
+            .map(|e| (e.kind, e.resource))
+            .collect();
+        assert_eq!(
+            gone,
+            [
+                (EventKind::Deleted, Kind::Pod),
+                (EventKind::Deleted, Kind::Pod),
+                (EventKind::Deleted, Kind::Namespace)
+            ]
+        );
+        assert_eq!(s.count(Kind::Pod), 1);
+    }
+
+    #[test]
+    fn policies_get_the_api_servers_defaults() {
+        let mut s = Store::new(10);
+        s.create(Kind::Namespace, "", json!({"metadata": {"name": "x"}}))
+            .unwrap();
+        let p = s
+            .create(
+                Kind::NetworkPolicy,
+                "x",
+                json!({"metadata": {"name": "p"}, "spec": {"podSelector": {},
+                    "ingress": [{"ports": [{"port": 80}]}], "egress": [{}]}}),
+            )
+            .unwrap();
+        assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+        assert_eq!(p["spec"]["ingress"][0]["ports"][0]["protocol"], "TCP");
+        assert!(p.get("status").is_none());
+        let q = s
+            .create(
+                Kind::NetworkPolicy,
+                "x",
+                json!({"metadata": {"name": "q"}, "spec": {"podSelector": {}, "egress": []}}),
+            )
+            .unwrap();
+        assert_eq!(q["spec"]["policyTypes"], json!(["Ingress"]));
     }
 }
