@@ -128,8 +128,23 @@ struct Plan {
 }
 
 fn plan(conf: &Config, container_id: &str, addr: IpNetwork) -> Plan {
-    let ip = addr.ip();
     let dnat_chain = names::dnat_chain(&conf.network, container_id);
+    let conditions = entry_conditions(conf, addr.ip());
+    let (shared_chains, shared_rules) = shared_chains_and_rules(conf);
+    Plan {
+        dnat_rules: dnat_rules(conf, addr),
+        entry_rules: entry_rules(conf, container_id, &dnat_chain, &conditions),
+        dnat_chain,
+        conditioned: !conditions.is_empty(),
+        shared_chains,
+        shared_rules,
+    }
+}
+
+/// The per-container chain's rules for the mappings of `addr`'s family: hairpin and localhost
+/// traffic marked for masquerading when `snat` is on, then the DNAT to the container.
+fn dnat_rules(conf: &Config, addr: IpNetwork) -> Vec<(usize, String)> {
+    let ip = addr.ip();
     let mark_target = match &conf.mark {
         MarkChain::Own { .. } => SETMARK_CHAIN,
         MarkChain::External(chain) => chain.as_str(),
@@ -163,7 +178,26 @@ fn plan(conf: &Config, container_id: &str, addr: IpNetwork) -> Plan {
             ),
         ));
     }
+    dnat_rules
+}
 
+/// The user's conditions for `ip`'s family, each a token of the entry rules, in their order.
+fn entry_conditions(conf: &Config, ip: IpAddr) -> String {
+    conf.conditions(ip)
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|c| format!(" {}", restore_token(c)))
+        .collect()
+}
+
+/// CNI-HOSTPORT-DNAT's rules for the container: one per protocol and 15 ports, jumping to its
+/// chain.
+fn entry_rules(
+    conf: &Config,
+    container_id: &str,
+    dnat_chain: &str,
+    conditions: &str,
+) -> Vec<EntryRule> {
     // Every mapping's host port goes into the multiport list, whatever its hostIP's family, as
     // in the Go plugin: the per-container chain decides.
     let mut by_protocol: BTreeMap<Protocol, Vec<String>> = BTreeMap::new();
@@ -174,12 +208,6 @@ fn plan(conf: &Config, container_id: &str, addr: IpNetwork) -> Plan {
             .push(m.host_port.to_string());
     }
     let comment = save_quote(&names::dnat_comment(&conf.network, container_id));
-    let conditions: String = conf
-        .conditions(ip)
-        .iter()
-        .filter(|c| !c.is_empty())
-        .map(|c| format!(" {}", restore_token(c)))
-        .collect();
     let mut entry_rules = Vec::new();
     for (protocol, ports) in by_protocol {
         for chunk in ports.chunks(MULTIPORT_MAX) {
@@ -194,7 +222,12 @@ fn plan(conf: &Config, container_id: &str, addr: IpNetwork) -> Plan {
             });
         }
     }
+    entry_rules
+}
 
+/// The chains every container shares, and their rules: the DNAT entry from PREROUTING and
+/// OUTPUT, and with `snat` the mark and masquerade chains.
+fn shared_chains_and_rules(conf: &Config) -> (Vec<&'static str>, Vec<SharedRule>) {
     let mut shared_chains = vec![TOP_DNAT_CHAIN];
     let mut shared_rules = Vec::new();
     if let (true, Some(mark)) = (conf.snat, conf.mark_value()) {
@@ -229,15 +262,7 @@ fn plan(conf: &Config, container_id: &str, addr: IpNetwork) -> Plan {
             first: false,
         });
     }
-
-    Plan {
-        dnat_chain,
-        dnat_rules,
-        entry_rules,
-        conditioned: !conditions.is_empty(),
-        shared_chains,
-        shared_rules,
-    }
+    (shared_chains, shared_rules)
 }
 
 /// The `iptables-restore --noflush` document that forwards the container's ports in the family
