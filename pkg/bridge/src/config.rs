@@ -227,6 +227,72 @@ fn collect_trunk(items: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
     Ok(vids)
 }
 
+/// A field's value as read, or its `default` when it is invalid and `reject` lets that pass.
+fn or_default<T>(
+    read: Result<T, CniError>,
+    default: T,
+    reject: &mut impl FnMut(CniError) -> Result<(), CniError>,
+) -> Result<T, CniError> {
+    read.or_else(|e| reject(e).map(|()| default))
+}
+
+/// `bridge`, a name the kernel accepts; cni0 when absent.
+fn read_bridge(bridge: Option<String>) -> Result<String, CniError> {
+    let bridge = bridge.unwrap_or_else(|| DEFAULT_BRIDGE.to_string());
+    validate_ifname_field(&bridge, "bridge")?;
+    Ok(bridge)
+}
+
+/// `mtu`: 0 or absent for the kernel's default.
+fn read_mtu(mtu: Option<i64>) -> Result<Option<u32>, CniError> {
+    match mtu.unwrap_or(0) {
+        0 => Ok(None),
+        m if (68..=65535).contains(&m) => Ok(Some(m as u32)),
+        m => Err(invalid("mtu", m, "must be 0 (the default) or 68 to 65535")),
+    }
+}
+
+/// `ipMasqBackend`: None leaves the choice to what the node has.
+fn read_masq_backend(backend: Option<&str>) -> Result<Option<Backend>, CniError> {
+    match backend {
+        None => Ok(None),
+        Some("iptables") => Ok(Some(Backend::Iptables)),
+        Some("nftables") => Ok(Some(Backend::Nftables)),
+        Some(other) => Err(invalid(
+            "ipMasqBackend",
+            format!("{other:?}"),
+            "must be \"iptables\" or \"nftables\"",
+        )),
+    }
+}
+
+/// The container interface's MAC: the first non-empty of runtimeConfig.mac, args.cni.mac and
+/// CNI_ARGS MAC, parsed naming where it came from.
+fn read_mac(
+    runtime_config: Option<RawMac>,
+    args: Option<RawArgs>,
+    cni_args: &[(String, String)],
+) -> Result<Option<[u8; 6]>, CniError> {
+    let mac = match (
+        runtime_config.and_then(|r| r.mac).filter(|m| !m.is_empty()),
+        args.and_then(|a| a.cni)
+            .and_then(|c| c.mac)
+            .filter(|m| !m.is_empty()),
+        cni_args
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "MAC")
+            .map(|(_, v)| v.clone())
+            .filter(|m| !m.is_empty()),
+    ) {
+        (Some(m), _, _) => parse_mac(&m, "runtimeConfig.mac")?,
+        (None, Some(m), _) => parse_mac(&m, "args.cni.mac")?,
+        (None, None, Some(m)) => parse_mac(&m, "CNI_ARGS MAC")?,
+        (None, None, None) => return Ok(None),
+    };
+    Ok(Some(mac))
+}
+
 impl NetConf {
     /// Reads the config; `cni_args` supplies `MAC=` when the config carries no MAC.
     /// Checks only what every verb needs; [`NetConf::check_for_add`] adds ADD's checks.
@@ -273,86 +339,16 @@ impl NetConf {
         cni_args: &[(String, String)],
         mut reject: impl FnMut(CniError) -> Result<(), CniError>,
     ) -> Result<NetConf, CniError> {
-        let mut checked = |r: Result<(), CniError>| match r {
-            Ok(()) => Ok(true),
-            Err(e) => reject(e).map(|()| false),
-        };
-        let mut bridge = raw.bridge.unwrap_or_else(|| DEFAULT_BRIDGE.to_string());
-        if !checked(validate_ifname_field(&bridge, "bridge"))? {
-            bridge = DEFAULT_BRIDGE.to_string();
-        }
-        let mtu = match raw.mtu.unwrap_or(0) {
-            0 => None,
-            m if (68..=65535).contains(&m) => Some(m as u32),
-            m => {
-                checked(Err(invalid(
-                    "mtu",
-                    m,
-                    "must be 0 (the default) or 68 to 65535",
-                )))?;
-                None
-            }
-        };
-        let vlan = raw.vlan.unwrap_or(0);
-        let vlan = if (0..=i64::from(MAX_VLAN)).contains(&vlan) {
-            vlan as u16
-        } else {
-            checked(Err(invalid(
-                "vlan",
-                vlan,
-                &format!("must be between 0 and {MAX_VLAN}"),
-            )))?;
-            0
-        };
+        let bridge = or_default(read_bridge(raw.bridge), DEFAULT_BRIDGE.into(), &mut reject)?;
+        let mtu = or_default(read_mtu(raw.mtu), None, &mut reject)?;
+        let vlan = or_default(vlan_id(raw.vlan.unwrap_or(0), "vlan", 0), 0, &mut reject)?;
         let has_vlan_trunk = raw.vlan_trunk.is_some();
-        let vlan_trunk = match collect_trunk(raw.vlan_trunk.as_deref().unwrap_or(&[])) {
-            Ok(vids) => vids,
-            Err(e) => {
-                checked(Err(e))?;
-                Vec::new()
-            }
-        };
-        let masq_backend = match raw.ip_masq_backend.as_deref() {
-            None => None,
-            Some("iptables") => Some(Backend::Iptables),
-            Some("nftables") => Some(Backend::Nftables),
-            Some(other) => {
-                checked(Err(invalid(
-                    "ipMasqBackend",
-                    format!("{other:?}"),
-                    "must be \"iptables\" or \"nftables\"",
-                )))?;
-                None
-            }
-        };
-        let mac = match (
-            raw.runtime_config
-                .and_then(|r| r.mac)
-                .filter(|m| !m.is_empty()),
-            raw.args
-                .and_then(|a| a.cni)
-                .and_then(|c| c.mac)
-                .filter(|m| !m.is_empty()),
-            cni_args
-                .iter()
-                .rev()
-                .find(|(k, _)| k == "MAC")
-                .map(|(_, v)| v.clone())
-                .filter(|m| !m.is_empty()),
-        ) {
-            (Some(m), _, _) => Some(parse_mac(&m, "runtimeConfig.mac")),
-            (None, Some(m), _) => Some(parse_mac(&m, "args.cni.mac")),
-            (None, None, Some(m)) => Some(parse_mac(&m, "CNI_ARGS MAC")),
-            (None, None, None) => None,
-        };
-        let mac = match mac {
-            Some(Ok(mac)) => Some(mac),
-            Some(Err(e)) => {
-                checked(Err(e))?;
-                None
-            }
-            None => None,
-        };
+        let vlan_trunk = collect_trunk(raw.vlan_trunk.as_deref().unwrap_or(&[]));
+        let vlan_trunk = or_default(vlan_trunk, Vec::new(), &mut reject)?;
+        let masq_backend = read_masq_backend(raw.ip_masq_backend.as_deref());
+        let masq_backend = or_default(masq_backend, None, &mut reject)?;
+        let mac = read_mac(raw.runtime_config, raw.args, cni_args);
+        let mac = or_default(mac, None, &mut reject)?;
         let is_default_gateway = raw.is_default_gateway.unwrap_or(false);
         Ok(NetConf {
             name: name.to_string(),
