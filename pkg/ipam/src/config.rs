@@ -172,6 +172,89 @@ pub struct IpamConfig {
     pub requested: Vec<Requested>,
 }
 
+/// Where the range sets come from, each with the field that names it: runtimeConfig.ipRanges,
+/// the legacy single range, ipam.ranges; rangeFromFile only when none of those is given.
+fn range_sources(
+    ip_ranges: Vec<Vec<RangeConf>>,
+    ipam: &IpamConf,
+) -> Result<Vec<(String, Vec<RangeConf>)>, CniError> {
+    let mut sources: Vec<(String, Vec<RangeConf>)> = Vec::new();
+    for (i, set) in ip_ranges.into_iter().enumerate() {
+        sources.push((format!("runtimeConfig.ipRanges[{i}]"), set));
+    }
+    if ipam.subnet.as_deref().is_some_and(|s| !s.is_empty()) {
+        sources.push((
+            "ipam".to_string(),
+            vec![RangeConf {
+                subnet: ipam.subnet.clone(),
+                range_start: ipam.range_start.clone(),
+                range_end: ipam.range_end.clone(),
+                gateway: ipam.gateway.clone(),
+            }],
+        ));
+    }
+    for (i, set) in ipam.ranges.iter().flatten().enumerate() {
+        sources.push((format!("ipam.ranges[{i}]"), set.clone()));
+    }
+    if sources.is_empty() {
+        if let Some(file) = ipam.range_from_file.as_deref().filter(|f| !f.is_empty()) {
+            sources.push((
+                "ipam.rangeFromFile".to_string(),
+                vec![range_from_file(file)?],
+            ));
+        }
+    }
+    if sources.is_empty() {
+        return Err(CniError::invalid_config(
+            "no IP ranges specified: set ipam.subnet, ipam.ranges or runtimeConfig.ipRanges",
+        ));
+    }
+    Ok(sources)
+}
+
+/// Each source's range set, checked; an error names the set's index.
+fn build_rangesets(sources: &[(String, Vec<RangeConf>)]) -> Result<Vec<Rangeset>, CniError> {
+    let mut rangesets = Vec::with_capacity(sources.len());
+    for (i, (field, confs)) in sources.iter().enumerate() {
+        // The legacy fields are one range named by its own fields (`ipam.subnet`).
+        let set = if field == "ipam" || field == "ipam.rangeFromFile" {
+            Range::from_conf(&confs[0], field).map(|r| RangeSet { ranges: vec![r] })
+        } else {
+            RangeSet::from_conf(confs, field)
+        }
+        .map_err(|e| e.context(format!("invalid range set {i}")))?;
+        rangesets.push(Rangeset {
+            set,
+            field: field.clone(),
+        });
+    }
+    Ok(rangesets)
+}
+
+/// No two range sets share an address.
+fn check_no_overlap(rangesets: &[Rangeset]) -> Result<(), CniError> {
+    for (i, a) in rangesets.iter().enumerate() {
+        for (j, b) in rangesets.iter().enumerate().skip(i + 1) {
+            if a.set.overlaps(&b.set) {
+                return Err(CniError::invalid_config(format!(
+                    "range set {i} ({} = {}) overlaps with range set {j} ({} = {})",
+                    a.field, a.set, b.field, b.set
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `ipam.routes`, each checked and named by its index.
+fn read_routes(routes: &[RouteConf]) -> Result<Vec<Route>, CniError> {
+    routes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| route(r, &format!("ipam.routes[{i}]")))
+        .collect()
+}
+
 impl IpamConfig {
     /// Reads the request's config, CNI_ARGS and runtime config.
     pub fn from_request(req: &Request) -> Result<IpamConfig, CniError> {
@@ -200,76 +283,11 @@ impl IpamConfig {
             runtime.ips.clone().unwrap_or_default(),
         )?;
 
-        let mut sources: Vec<(String, Vec<RangeConf>)> = Vec::new();
-        for (i, set) in runtime
-            .ip_ranges
-            .unwrap_or_default()
-            .into_iter()
-            .enumerate()
-        {
-            sources.push((format!("runtimeConfig.ipRanges[{i}]"), set));
-        }
-        if ipam.subnet.as_deref().is_some_and(|s| !s.is_empty()) {
-            sources.push((
-                "ipam".to_string(),
-                vec![RangeConf {
-                    subnet: ipam.subnet.clone(),
-                    range_start: ipam.range_start.clone(),
-                    range_end: ipam.range_end.clone(),
-                    gateway: ipam.gateway.clone(),
-                }],
-            ));
-        }
-        for (i, set) in ipam.ranges.unwrap_or_default().into_iter().enumerate() {
-            sources.push((format!("ipam.ranges[{i}]"), set));
-        }
-        if sources.is_empty() {
-            if let Some(file) = ipam.range_from_file.as_deref().filter(|f| !f.is_empty()) {
-                sources.push((
-                    "ipam.rangeFromFile".to_string(),
-                    vec![range_from_file(file)?],
-                ));
-            }
-        }
-        if sources.is_empty() {
-            return Err(CniError::invalid_config(
-                "no IP ranges specified: set ipam.subnet, ipam.ranges or runtimeConfig.ipRanges",
-            ));
-        }
-
-        let mut rangesets = Vec::with_capacity(sources.len());
-        for (i, (field, confs)) in sources.iter().enumerate() {
-            // The legacy fields are one range named by its own fields (`ipam.subnet`).
-            let set = if field == "ipam" || field == "ipam.rangeFromFile" {
-                Range::from_conf(&confs[0], field).map(|r| RangeSet { ranges: vec![r] })
-            } else {
-                RangeSet::from_conf(confs, field)
-            }
-            .map_err(|e| e.context(format!("invalid range set {i}")))?;
-            rangesets.push(Rangeset {
-                set,
-                field: field.clone(),
-            });
-        }
+        let sources = range_sources(runtime.ip_ranges.unwrap_or_default(), &ipam)?;
+        let rangesets = build_rangesets(&sources)?;
         check_families(&rangesets, version)?;
-        for (i, a) in rangesets.iter().enumerate() {
-            for (j, b) in rangesets.iter().enumerate().skip(i + 1) {
-                if a.set.overlaps(&b.set) {
-                    return Err(CniError::invalid_config(format!(
-                        "range set {i} ({} = {}) overlaps with range set {j} ({} = {})",
-                        a.field, a.set, b.field, b.set
-                    )));
-                }
-            }
-        }
-
-        let routes = ipam
-            .routes
-            .unwrap_or_default()
-            .iter()
-            .enumerate()
-            .map(|(i, r)| route(r, &format!("ipam.routes[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?;
+        check_no_overlap(&rangesets)?;
+        let routes = read_routes(ipam.routes.as_deref().unwrap_or_default())?;
 
         Ok(IpamConfig {
             network: network.to_string(),
