@@ -153,6 +153,21 @@ pub fn key_file_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_KEY_FILE))
 }
 
+/// The private key in `path`, or None when the file does not exist: a read, nothing made.
+pub fn load(path: &Path) -> Result<Option<Key>, KeyFileError> {
+    let fail = |reason: String| KeyFileError {
+        path: path.to_path_buf(),
+        reason,
+    };
+    match fs::read_to_string(path) {
+        Ok(text) => Key::from_base64(&text)
+            .map(Some)
+            .map_err(|e| fail(format!("not a private key: {e}"))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fail(format!("reading it: {e}"))),
+    }
+}
+
 /// The private key in `path`, made (mode 0400, base64 without a newline, as flanneld writes
 /// it) when the file does not exist; the boolean says whether it was made now.
 pub fn load_or_create(path: &Path) -> Result<(Key, bool), KeyFileError> {
@@ -160,11 +175,9 @@ pub fn load_or_create(path: &Path) -> Result<(Key, bool), KeyFileError> {
         path: path.to_path_buf(),
         reason,
     };
-    match fs::read_to_string(path) {
-        Ok(text) => Key::from_base64(&text)
-            .map(|k| (k, false))
-            .map_err(|e| fail(format!("not a private key: {e}"))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+    match load(path)? {
+        Some(key) => Ok((key, false)),
+        None => {
             let key = Key::generate().map_err(|e| fail(format!("generating a key: {e}")))?;
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 fs::DirBuilder::new()
@@ -191,7 +204,6 @@ pub fn load_or_create(path: &Path) -> Result<(Key, bool), KeyFileError> {
                 .map_err(|e| fail(format!("writing it: {e}")))?;
             Ok((key, true))
         }
-        Err(e) => Err(fail(format!("reading it: {e}"))),
     }
 }
 
@@ -256,6 +268,16 @@ mod tests {
         let (again, fresh) = load_or_create(&path).unwrap();
         assert!(!fresh);
         assert_eq!(again, made);
+    }
+
+    #[test]
+    fn loading_reads_the_key_and_makes_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/wgkey");
+        assert_eq!(load(&path).unwrap(), None);
+        assert!(!dir.path().join("sub").exists());
+        let (made, _) = load_or_create(&path).unwrap();
+        assert_eq!(load(&path).unwrap(), Some(made));
     }
 
     #[test]
