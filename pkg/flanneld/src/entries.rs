@@ -35,8 +35,8 @@ pub struct Entries {
 
 /// One peer's state that a device holds itself (WireGuard: the peer of a public key, with its
 /// endpoint, allowed IPs, keepalive), as a backend wants it ([`Want::device_peer`]) or a
-/// device holds it (`backend::api::Device::held_peers`). The datapath plane diffs wanted against held by
-/// key, as it diffs neighbours and routes, and shows each in `doctor`.
+/// device holds it (`backend::api::Device::inspect`). The datapath plane diffs wanted against
+/// held by key, as it diffs neighbours and routes, and shows each in `doctor`.
 pub trait DevicePeer: Send + Sync + fmt::Debug + 'static {
     /// What the device holds at most one of (WireGuard: the public key).
     fn key(&self) -> String;

@@ -96,6 +96,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
 }
 
+/// What a device holds itself, as [`Device::inspect`] read it.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// How it differs from what the device must hold, one entry per attribute (empty: it
+    /// fits); making the device mends them.
+    pub differences: Vec<String>,
+    /// Its per-peer state.
+    pub peers: Vec<Arc<dyn DevicePeer>>,
+}
+
 /// A device a backend wants, as a value of the backend's own type: how it compares with the
 /// link the kernel holds, how it is made, what it announces in the lease, and its MTU. The
 /// datapath plane plans and writes devices through this alone, as it does the entries; its
@@ -134,13 +144,11 @@ pub trait Device: Send + Sync + fmt::Debug {
         earlier: Option<&'a RawValue>,
     ) -> BoxFuture<'a, cni_kernel::Result<Option<Box<RawValue>>>>;
 
-    /// The per-peer state the device holds itself, beside the kernel's tables (WireGuard's
-    /// peers), as it holds it now in `link`. A device without such state holds none.
-    fn held_peers<'a>(
-        &'a self,
-        _link: &'a Link,
-    ) -> BoxFuture<'a, cni_kernel::Result<Vec<Arc<dyn DevicePeer>>>> {
-        Box::pin(async { Ok(Vec::new()) })
+    /// What the device holds itself beside the link and the kernel's tables (WireGuard's key,
+    /// port and peers), as `link` holds it now: a read that writes nothing and blocks no async
+    /// thread. A device without such state holds none.
+    fn inspect<'a>(&'a self, _link: &'a Link) -> BoxFuture<'a, cni_kernel::Result<Held>> {
+        Box::pin(async { Ok(Held::default()) })
     }
 
     /// Removes the peers `remove` and sets `put` in `link`; the failures, each naming its peer.

@@ -6,7 +6,7 @@
 //! the kernel has it, else our userspace tunnel (`flannel-wireguard`, a process of its own
 //! that outlives flanneld), chosen once at start or forced by `Backend.Tunnel`.
 
-use super::api::{Backend, Device, DevicePeer, Here, Peer, Refusal, Skip};
+use super::api::{Backend, Device, DevicePeer, Held, Here, Peer, Refusal, Skip};
 use crate::config::{field, ConfigError, NetConfig};
 use crate::entries::Want;
 use crate::family::IpFamily;
@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use wireguard::control::{choose_mode, Control, TunnelMode};
 use wireguard::lease::{auto_endpoint, backend_data, device_mtu, parse_backend_data};
 use wireguard::supervise::{ensure_running, Launcher};
-use wireguard::uapi::{DeviceConfig, PeerConfig, PeerState, SOCKET_DIR};
+use wireguard::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, SOCKET_DIR};
 use wireguard::{key, Key};
 
 /// How the tunnel carries a node's families (`Backend.Mode`).
@@ -100,7 +100,8 @@ fn text<'a>(
 
 impl WireGuard {
     /// The config's `Backend` keys, checked; each refusal names the key. The key file is
-    /// `$WIREGUARD_KEY_FILE`, else /run/flannel/wgkey; it is read at `check`.
+    /// `$WIREGUARD_KEY_FILE`, else /run/flannel/wgkey; it is read at `check`, and made with
+    /// the device when there is none.
     pub fn from_config(cfg: &NetConfig) -> Result<WireGuard, ConfigError> {
         let empty = serde_json::Map::new();
         let b = cfg.backend.as_object().unwrap_or(&empty);
@@ -182,14 +183,13 @@ impl Backend for WireGuard {
         "wireguard"
     }
 
-    /// The private key: made once, reused; unreadable or malformed ends the start, naming it.
+    /// The private key, read when there is one (a check writes nothing: the device's making
+    /// makes the key); unreadable or malformed ends the start, naming it.
     fn check(&self, _ext: &External, _families: &[IpFamily]) -> Result<(), Refusal> {
-        let (k, made) = key::load_or_create(&self.key_file)?;
-        if made {
-            info!("wireguard: made private key {}", self.key_file.display());
+        if let Some(k) = key::load(&self.key_file)? {
+            info!("wireguard: public key {}", k.public());
+            let _ = self.shared.key.set(k);
         }
-        info!("wireguard: public key {}", k.public());
-        let _ = self.shared.key.set(k);
         Ok(())
     }
 
@@ -425,13 +425,19 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl WgDevice {
+    /// The private key, made once (and reused) when the device is made.
     fn key(&self) -> cni_kernel::Result<Key> {
         if let Some(k) = self.shared.key.get() {
             return Ok(*k);
         }
-        let (k, _) = key::load_or_create(&self.key_file)
+        let (k, made) = key::load_or_create(&self.key_file)
             .map_err(|e| cni_kernel::Error::invalid("reading the WireGuard key", &self.name, e))?;
-        Ok(*self.shared.key.get_or_init(|| k))
+        if made {
+            info!("wireguard: made private key {}", self.key_file.display());
+        }
+        let k = *self.shared.key.get_or_init(|| k);
+        info!("wireguard: public key {}", k.public());
+        Ok(k)
     }
 
     /// The tunnel this start runs: the kernel's when it can (or forced), said once.
@@ -456,6 +462,40 @@ impl WgDevice {
 
     fn control(&self, mode: TunnelMode) -> Control {
         Control::for_mode(mode, &self.name, Path::new(SOCKET_DIR))
+    }
+
+    /// What the device holds (its key, port and peers), read off the async workers.
+    async fn state(&self, mode: TunnelMode) -> cni_kernel::Result<DeviceState> {
+        let control = self.control(mode);
+        blocking("reading WireGuard device", self.name.clone(), move || {
+            control.get()
+        })
+        .await
+    }
+
+    /// Whether the device answers: a userspace tunnel's socket (the kernel always does).
+    async fn answers(&self, mode: TunnelMode) -> bool {
+        mode == TunnelMode::Kernel || self.state(mode).await.is_ok()
+    }
+
+    /// How the key and port it holds differ from this node's.
+    fn key_and_port(&self, state: &DeviceState) -> Vec<String> {
+        let mut d = Vec::new();
+        match self.shared.key.get() {
+            None => d.push(format!("no private key in {} yet", self.key_file.display())),
+            Some(k) if state.private_key != Some(*k) => d.push(format!(
+                "another private key than {}'s",
+                self.key_file.display()
+            )),
+            Some(_) => {}
+        }
+        if state.listen_port != self.port {
+            d.push(format!(
+                "listen port {}, want {}",
+                state.listen_port, self.port
+            ));
+        }
+        d
     }
 
     /// The userspace tunnel's program: beside flanneld, else on PATH.
@@ -510,14 +550,6 @@ impl Device for WgDevice {
             }
             _ => {}
         }
-        if mode_of(held) == Some(TunnelMode::Userspace)
-            && !self.control(TunnelMode::Userspace).is_alive_blocking()
-        {
-            d.push(format!(
-                "no tunnel process answers on {}/{}.sock",
-                SOCKET_DIR, self.name
-            ));
-        }
         if held.mtu != Some(self.mtu) {
             d.push(format!(
                 "mtu {}, want {}",
@@ -537,8 +569,7 @@ impl Device for WgDevice {
         Box::pin(async move {
             let mode = self.mode(conn).await?;
             if let Some(held) = conn.link_by_name(&self.name).await? {
-                let alive = mode == TunnelMode::Kernel || self.control(mode).is_alive_blocking();
-                if held.kind.as_deref() != Some(link_kind(mode)) || !alive {
+                if held.kind.as_deref() != Some(link_kind(mode)) || !self.answers(mode).await {
                     warn!(
                         "wireguard: replacing {} ({})",
                         self.name,
@@ -608,44 +639,54 @@ impl Device for WgDevice {
         Box::pin(async move {
             let key = self.key()?;
             let mode = self.mode(conn).await?;
-            match conn.link_by_name(&self.name).await? {
-                Some(held) if self.differences(&held).is_empty() => self.configure(mode).await?,
-                _ => {
-                    self.make(conn).await?;
-                }
+            let fits = match conn.link_by_name(&self.name).await? {
+                Some(held) => self.differences(&held).is_empty() && self.answers(mode).await,
+                None => false,
+            };
+            if fits {
+                self.configure(mode).await?;
+            } else {
+                self.make(conn).await?;
             }
             Ok(RawValue::from_string(backend_data(&key.public())).ok())
         })
     }
 
-    fn held_peers<'a>(
-        &'a self,
-        held: &'a Link,
-    ) -> BoxFuture<'a, cni_kernel::Result<Vec<Arc<dyn DevicePeer>>>> {
+    /// The tunnel answering, and the primary view's key, port and peers: a key or port
+    /// changed behind flanneld's back is a difference, which making the device puts back.
+    fn inspect<'a>(&'a self, held: &'a Link) -> BoxFuture<'a, cni_kernel::Result<Held>> {
         Box::pin(async move {
-            let Some(mode) = mode_of(held).filter(|_| self.primary) else {
-                return Ok(Vec::new());
+            let Some(mode) = mode_of(held) else {
+                return Ok(Held::default());
             };
-            let control = self.control(mode);
-            let state = blocking("reading WireGuard device", self.name.clone(), move || {
-                control.get()
-            })
-            .await?;
-            // A key or port changed behind flanneld's back is put back as the peers are.
-            let key = self.key()?;
-            if state.private_key != Some(key) || state.listen_port != self.port {
-                warn!(
-                    "wireguard: {} had another private key or port; restoring them",
-                    self.name
-                );
-                self.configure(mode).await?;
+            if !self.primary && mode == TunnelMode::Kernel {
+                return Ok(Held::default());
             }
-            Ok(state
-                .peers
-                .into_iter()
-                .filter_map(WgPeer::held)
-                .map(|p| Arc::new(p) as Arc<dyn DevicePeer>)
-                .collect())
+            let state = match (self.state(mode).await, mode) {
+                (Ok(state), _) => state,
+                (Err(_), TunnelMode::Userspace) => {
+                    return Ok(Held {
+                        differences: vec![format!(
+                            "no tunnel process answers on {}/{}.sock",
+                            SOCKET_DIR, self.name
+                        )],
+                        peers: Vec::new(),
+                    })
+                }
+                (Err(e), TunnelMode::Kernel) => return Err(e),
+            };
+            if !self.primary {
+                return Ok(Held::default());
+            }
+            Ok(Held {
+                differences: self.key_and_port(&state),
+                peers: state
+                    .peers
+                    .into_iter()
+                    .filter_map(WgPeer::held)
+                    .map(|p| Arc::new(p) as Arc<dyn DevicePeer>)
+                    .collect(),
+            })
         })
     }
 
@@ -686,20 +727,6 @@ impl Device for WgDevice {
                 Err(e) => vec![e],
             }
         })
-    }
-}
-
-trait Alive {
-    fn is_alive_blocking(&self) -> bool;
-}
-
-impl Alive for Control {
-    /// Whether the device answers (a userspace tunnel's socket; the kernel always does).
-    fn is_alive_blocking(&self) -> bool {
-        match self {
-            Control::Kernel { .. } => true,
-            Control::Userspace(c) => c.is_alive(),
-        }
     }
 }
 
@@ -934,6 +961,40 @@ mod tests {
                 "{mode}: a route per family's network"
             );
         }
+    }
+
+    #[test]
+    fn a_key_or_port_other_than_this_node_s_is_a_difference_and_no_key_file_is_one_too() {
+        let b = with(r#","ListenPort":5000"#);
+        let dev = WgDevice {
+            name: "flannel-wg".into(),
+            mtu: 1420,
+            port: b.port_of(IpFamily::V4),
+            primary: true,
+            forced: None,
+            key_file: "/nowhere/wgkey".into(),
+            shared: b.shared.clone(),
+        };
+        let mut held = DeviceState {
+            private_key: Some(Key([1; 32])),
+            listen_port: 5000,
+            ..DeviceState::default()
+        };
+        assert_eq!(
+            dev.key_and_port(&held),
+            ["no private key in /nowhere/wgkey yet"]
+        );
+        b.shared.key.set(Key([1; 32])).unwrap();
+        assert!(dev.key_and_port(&held).is_empty());
+        held.private_key = Some(Key([2; 32]));
+        held.listen_port = 51820;
+        assert_eq!(
+            dev.key_and_port(&held),
+            [
+                "another private key than /nowhere/wgkey's",
+                "listen port 51820, want 5000"
+            ]
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use cni_kernel::procsys::{self, Proto};
 use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
@@ -111,6 +112,8 @@ struct DeviceLook {
     differences: Vec<String>,
     /// Addresses of its family the link has that are not this node's (an earlier lease's).
     stale: Vec<IpNetwork>,
+    /// The per-peer state the link holds itself (WireGuard's peers).
+    peers: Vec<Arc<dyn DevicePeer>>,
     /// This node's address is not on it.
     address_missing: bool,
 }
@@ -238,7 +241,7 @@ impl NetlinkPlane {
         }
     }
 
-    /// Each device of the spec against the kernel's link of its name.
+    /// Each device of the spec against the kernel's link of its name, and what that holds.
     async fn look_at_devices(&self) -> cni_kernel::Result<Vec<DeviceLook>> {
         let mut out = Vec::new();
         for f in &self.spec.families {
@@ -247,14 +250,18 @@ impl NetlinkPlane {
             let mut look = DeviceLook {
                 family: f.family,
                 spec: spec.clone(),
-                differences: held
-                    .as_ref()
-                    .map(|l| spec.dev.differences(l))
-                    .unwrap_or_default(),
+                differences: Vec::new(),
                 held,
                 stale: Vec::new(),
+                peers: Vec::new(),
                 address_missing: false,
             };
+            if let Some(link) = &look.held {
+                let inside = spec.dev.inspect(link).await?;
+                look.differences = spec.dev.differences(link);
+                look.differences.extend(inside.differences);
+                look.peers = inside.peers;
+            }
             if let (Some(want), Some(link)) = (spec.address, &look.held) {
                 let have = self.conn.addresses(link.index).await?;
                 look.stale = have
@@ -323,10 +330,9 @@ impl NetlinkPlane {
         }
         for d in devices {
             let Some(link) = &d.held else { continue };
-            let peers = d.spec.dev.held_peers(link).await?;
-            held.peers.extend(peers.into_iter().map(|peer| PeerEntry {
+            held.peers.extend(d.peers.iter().map(|peer| PeerEntry {
                 device: link.index,
-                peer,
+                peer: peer.clone(),
             }));
         }
         let want = self
@@ -349,6 +355,8 @@ impl NetlinkPlane {
                 _ => {
                     let link = dev.make(&self.conn).await?;
                     refuse_router_advertisements(dev.name());
+                    // What the device made holds is what its entries are diffed against.
+                    d.peers = dev.inspect(&link).await?.peers;
                     changed = true;
                     link
                 }
