@@ -182,7 +182,7 @@ async fn serve(flags: &Flags, settings: &Settings, ifaces: Interfaces) -> ExitCo
 
 /// `flanneld doctor`: one look at the registry and the kernel, no daemon.
 async fn doctor_run(flags: &DoctorFlags, settings: &Settings, ifaces: Interfaces) -> ExitCode {
-    let reg = match registry::open(&settings.registry).await {
+    let reg = match registry::open_to_read(&settings.registry).await {
         Ok(r) => r,
         Err(e) => {
             error!("{e}");

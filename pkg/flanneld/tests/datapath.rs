@@ -954,7 +954,10 @@ fn doctor_names_each_broken_entry() {
         env.replace("FLANNEL_MTU=1450", "FLANNEL_MTU=1500"),
     )
     .unwrap();
-    let (code, text) = doctor(&p.a, &reg, &p.da.subnet_file, false);
+    // A look: what is broken stays broken until --fix.
+    let (code, text) = writes_nothing(&p.a, p.a.dir.path(), "doctor", || {
+        doctor(&p.a, &reg, &p.da.subnet_file, false)
+    });
     assert_eq!(code, 1, "{text}");
     for want in [
         format!("route      missing  {}", p.doctor_route_b()),

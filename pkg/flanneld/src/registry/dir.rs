@@ -34,6 +34,8 @@ pub struct DirRegistry {
     root: PathBuf,
     /// The network config when the directory holds none.
     fallback_config: PathBuf,
+    /// Opened to read (`doctor`): nothing made, expired leases left to the daemons.
+    read_only: bool,
 }
 
 /// `what` on `path` failed.
@@ -61,13 +63,22 @@ impl DirRegistry {
     /// Creates the directory layout if needed.
     pub fn open(root: &Path, fallback_config: &Path) -> Result<DirRegistry> {
         let reg = DirRegistry {
-            root: root.to_path_buf(),
-            fallback_config: fallback_config.to_path_buf(),
+            read_only: false,
+            ..DirRegistry::reader(root, fallback_config)
         };
         let subnets = reg.subnets();
         fs::create_dir_all(&subnets)
             .map_err(file("creating the --registry-dir directory", &subnets))?;
         Ok(reg)
+    }
+
+    /// The directory to read only: a directory not made yet holds no lease.
+    pub fn reader(root: &Path, fallback_config: &Path) -> DirRegistry {
+        DirRegistry {
+            root: root.to_path_buf(),
+            fallback_config: fallback_config.to_path_buf(),
+            read_only: true,
+        }
     }
 
     fn subnets(&self) -> PathBuf {
@@ -119,9 +130,14 @@ impl DirRegistry {
 
     fn list_now(&self) -> Result<Listing> {
         let dir = self.subnets();
-        let rd = fs::read_dir(&dir).map_err(file("listing", &dir))?;
-        let now = epoch_secs(SystemTime::now());
         let mut listing = Listing::default();
+        let rd = match fs::read_dir(&dir) {
+            Err(e) if self.read_only && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(listing)
+            }
+            rd => rd.map_err(file("listing", &dir))?,
+        };
+        let now = epoch_secs(SystemTime::now());
         let mut expired = Vec::new();
         for ent in rd.flatten() {
             let name = ent.file_name().to_string_lossy().into_owned();
@@ -140,7 +156,7 @@ impl DirRegistry {
                 }),
             }
         }
-        if !expired.is_empty() {
+        if !expired.is_empty() && !self.read_only {
             let _lock = self.lock()?;
             for path in expired {
                 // Renewed meanwhile? Then it stays.
@@ -328,5 +344,24 @@ mod tests {
             .unwrap();
         reg.create_now(&k("10.5.4.0-24&fc00:0:0:3::-64"), value, ttl)
             .unwrap();
+    }
+
+    #[test]
+    fn a_reader_makes_nothing_and_leaves_expired_leases() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("reg");
+        let none = dir.path().join("none");
+        let listing = DirRegistry::reader(&root, &none).list_now().unwrap();
+        assert!(listing.entries.is_empty() && !root.exists());
+        let reg = DirRegistry::open(&root, &none).unwrap();
+        let key = SubnetKey::parse("10.5.3.0-24").unwrap();
+        let value = r#"{"PublicIP":"192.168.0.2","BackendType":"alloc"}"#;
+        reg.write_lease(&key, value, Duration::ZERO).unwrap();
+        let listing = DirRegistry::reader(&root, &none).list_now().unwrap();
+        assert!(listing.entries.is_empty());
+        assert!(root.join("subnets/10.5.3.0-24").exists());
+        assert!(!root.join("lock").exists());
+        reg.list_now().unwrap();
+        assert!(!root.join("subnets/10.5.3.0-24").exists());
     }
 }

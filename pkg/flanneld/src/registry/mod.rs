@@ -366,6 +366,17 @@ pub async fn open(choice: &RegistryChoice) -> Result<Arc<dyn Registry>> {
     })
 }
 
+/// The registry `choice` names, to read only (`doctor`): the embedded registry's directory is
+/// neither made nor rid of expired leases; etcd and the Kubernetes API are only read anyway.
+pub async fn open_to_read(choice: &RegistryChoice) -> Result<Arc<dyn Registry>> {
+    match choice {
+        RegistryChoice::Dir { root, net_config } => {
+            Ok(Arc::new(dir::DirRegistry::reader(root, net_config)))
+        }
+        _ => open(choice).await,
+    }
+}
+
 /// Lists until the registry answers, logging a failure when its cause changes.
 pub async fn list_until_ok(reg: &dyn Registry) -> Listing {
     let mut trouble = cause::Retrying::default();

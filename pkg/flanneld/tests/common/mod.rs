@@ -533,6 +533,111 @@ pub fn make_certs(dir: &Path) -> Tls {
     }
 }
 
+// ---- what a look must leave as it was ----------------------------------------------------
+
+/// What the kernel of the node's namespace holds that flanneld could touch: links, addresses,
+/// routes and rules of both families, permanent neighbours, FDB entries, nexthops, and the
+/// firewall as nft and iptables list it (counters and timestamps left out: traffic moves
+/// them).
+pub fn kernel_state(node: &Node) -> String {
+    let listings: &[&[&str]] = &[
+        &["ip", "-d", "link", "show"],
+        &["ip", "addr", "show"],
+        &["ip", "-4", "route", "show", "table", "all"],
+        &["ip", "-6", "route", "show", "table", "all"],
+        &["ip", "-4", "rule", "show"],
+        &["ip", "-6", "rule", "show"],
+        &["ip", "neigh", "show", "nud", "permanent"],
+        &["ip", "nexthop", "show"],
+        &["bridge", "fdb", "show"],
+        &["nft", "list", "ruleset"],
+        &["iptables-save", "-t", "nat"],
+        &["iptables-save", "-t", "filter"],
+        &["ip6tables-save", "-t", "nat"],
+        &["ip6tables-save", "-t", "filter"],
+    ];
+    let mut out = String::new();
+    for args in listings {
+        let o = node.ns.try_run(args[0], &args[1..]);
+        out.push_str(&format!("$ {}\n", args.join(" ")));
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            if !line.starts_with('#') {
+                out.push_str(&uncounted(line));
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// An iptables-save line without its chain's packet counters (`[12:720]`).
+fn uncounted(line: &str) -> String {
+    match (line.starts_with(':'), line.rfind(" [")) {
+        (true, Some(at)) => line[..at].to_string(),
+        _ => line.to_string(),
+    }
+}
+
+/// Every file and directory under `dir`: its path, mode and content (a directory's: none).
+pub fn files_under(dir: &Path) -> std::collections::BTreeMap<PathBuf, (u32, Vec<u8>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let content = if meta.is_dir() {
+                todo.push(path.clone());
+                Vec::new()
+            } else {
+                fs::read(&path).unwrap_or_default()
+            };
+            out.insert(path, (meta.permissions().mode(), content));
+        }
+    }
+    out
+}
+
+/// Runs `look` and asserts that the node's kernel and the files under `dir` are as they were.
+pub fn writes_nothing<T>(node: &Node, dir: &Path, what: &str, look: impl FnOnce() -> T) -> T {
+    let (kernel, files) = (kernel_state(node), files_under(dir));
+    let out = look();
+    let kernel_after = kernel_state(node);
+    if kernel_after != kernel {
+        let diff: Vec<String> = kernel_after
+            .lines()
+            .filter(|l| !kernel.lines().any(|b| b == *l))
+            .map(|l| format!("+ {l}"))
+            .chain(
+                kernel
+                    .lines()
+                    .filter(|l| !kernel_after.lines().any(|a| a == *l))
+                    .map(|l| format!("- {l}")),
+            )
+            .collect();
+        panic!("{what} changed the kernel:\n{}", diff.join("\n"));
+    }
+    let files_after = files_under(dir);
+    let changed: Vec<String> = files
+        .keys()
+        .chain(files_after.keys())
+        .filter(|p| files.get(*p) != files_after.get(*p))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "{what} made, changed or removed under {}: {changed:?}",
+        dir.display()
+    );
+    out
+}
+
 // ---- the datapath as the benchmarks watch it ---------------------------------------------
 
 pub fn count(node: &Node, args: &[&str]) -> usize {
