@@ -1,0 +1,12 @@
+//! flannel-netpol: NetworkPolicy (networking.k8s.io/v1) for the pods of one node of a flannel
+//! cluster, decided in the kernel: the policies compiled into nftables sets and verdict maps of
+//! a table of its own, kept equal to what the cluster's objects say by one transaction per
+//! change.
+
+pub mod compile;
+pub mod kernel;
+pub mod model;
+pub mod nft;
+pub mod objects;
+pub mod ranges;
+pub mod selector;
