@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod conflist;
 pub mod kube_api;
 pub mod pings;
+pub mod probe;
 pub mod toolpath;
 
 use serde_json::Value;
