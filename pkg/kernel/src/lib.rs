@@ -6,6 +6,7 @@ pub mod error;
 pub mod firewall;
 pub mod netlink;
 pub mod netns;
+pub mod nft_commits;
 pub mod procsys;
 pub mod sysctl;
 

@@ -275,6 +275,12 @@ impl Primed {
         })
     }
 
+    /// The tool's process id, while it runs: the committer the kernel names in its
+    /// announcements of the commit ([`crate::nft_commits`]).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Gives the tool the start of its input, which it reads (loading what that needs) while
     /// the rest is not known yet.
     pub fn feed(&mut self, part: &str) -> Result<(), Error> {
