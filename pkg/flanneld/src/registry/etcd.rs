@@ -1,9 +1,9 @@
 //! Leases in etcd v3, in flannel's schema: `<prefix>/config`, `<prefix>/subnets/<key>`, each lease
 //! created in a transaction guarded by its key not existing and attached to an etcd lease.
 
-use super::cause::{connection_cause, Peer};
 use super::{Change, Entry, KeyValue, Listing, RegistryError, Result, WatchEnd};
 use crate::lease::SubnetKey;
+use conncause::{connection_cause, Peer};
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,

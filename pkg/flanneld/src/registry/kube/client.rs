@@ -11,7 +11,7 @@
 //! timeout rather than by HTTP/2 pings.
 
 use super::node::{null_as_default, NodeObject};
-use crate::registry::cause::{connection_cause, Peer};
+use conncause::{connection_cause, Peer};
 use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
 use kube::api::{ListParams, Patch, PatchParams, WatchParams};
