@@ -127,7 +127,10 @@ fn init_logs(flags: &Flags) {
     // less than the daemon's line about the same failure: they show only from -v=1 on.
     let libraries = flags.klog.verbosity > 0;
     let filter = filter_fn(move |m| {
-        (libraries || m.target().starts_with("flanneld")) && plan.enabled(m.target(), m.level())
+        let ours = ["flanneld", "kube_lite"]
+            .iter()
+            .any(|c| m.target().starts_with(c));
+        (libraries || ours) && plan.enabled(m.target(), m.level())
     })
     .with_max_level_hint(max);
     let layer = tracing_subscriber::fmt::layer()

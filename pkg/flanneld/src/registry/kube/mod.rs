@@ -6,26 +6,23 @@
 //!
 //! The decisions are pure and tested beside their code: `node` reads a Node (the annotation
 //! names, this node's subnet, another node's lease), `patch` writes this node's status, `watch`
-//! keeps the other nodes' leases from a list through its watch. `client` only carries them to
-//! the API server; `KubeRegistry`, here, joins them behind the `Registry` trait and retries
-//! what fails. Per node only what a lease needs is kept, never the Node object.
+//! keeps the other nodes' leases from a list through its watch. The `kube-lite` crate carries
+//! them to the API server; `KubeRegistry`, here, joins them behind the `Registry` trait and
+//! retries what fails. Per node only what a lease needs is kept, never the Node object.
 
-mod client;
 #[cfg(test)]
 mod fixtures;
 mod node;
 mod patch;
 mod watch;
 
-pub use client::{
-    classify, in_cluster_kubeconfig, KubeClient, KubeError, NodeEnv, Op, SERVICE_ACCOUNT_DIR,
-};
+pub use kube_lite::KubeError;
 pub use node::{
     node_entry, node_lease, node_public_ips, own_attrs, own_subnet, pod_cidrs, Annotations,
     Families, NodeError, NodeMeta, NodeObject, NodeSpec, DEFAULT_PREFIX,
 };
 pub use patch::{annotation_patch, network_available_patch};
-pub use watch::{Delivery, NodeWatch, WatchStop};
+pub use watch::{Delivery, NodeWatch};
 
 use crate::config::NetConfig;
 use crate::lease::{LeaseAttrs, SubnetKey};
@@ -38,10 +35,11 @@ use crate::view::warn_skipped;
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
+use kube_lite::{Followed, KubeClient, NodeEnv, Patch, Selector, Source, NODES};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -71,9 +69,9 @@ pub struct KubeRegistry {
 
 /// Retries of a failed request wait from 200 ms up to this, besides the client's own pace.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// A watch that ends sooner than this without an event is a failure, not the server's
-/// timeout (client-go's reflector calls it a very short watch).
-const SHORT_WATCH: Duration = Duration::from_secs(1);
+/// The rights flanneld asks for, said beside a refusal.
+const RIGHTS: &str =
+    "flanneld needs get, list and watch on nodes, patch on nodes/status and get on pods";
 
 impl KubeRegistry {
     pub fn new(
@@ -100,8 +98,14 @@ impl KubeRegistry {
     pub async fn open(opts: &KubeOptions) -> std::result::Result<KubeRegistry, KubeError> {
         let names = Annotations::new(&opts.annotation_prefix)
             .map_err(|e| KubeError::Config(format!("--kube-annotation-prefix {e}")))?;
-        let client =
-            KubeClient::connect(opts.api_url.as_deref(), opts.kubeconfig.as_deref()).await?;
+        let client = KubeClient::connect(&Source {
+            api_url: opts.api_url.as_deref(),
+            kubeconfig: opts.kubeconfig.as_deref(),
+            api_url_flag: "--kube-api-url",
+            kubeconfig_flag: "--kubeconfig-file",
+        })
+        .await?
+        .needing(RIGHTS);
         let env = NodeEnv::from_env();
         let mut trouble = Retrying::default();
         let node_name = loop {
@@ -200,7 +204,7 @@ impl KubeRegistry {
             d
         };
         'again: loop {
-            let node = match self.client.node(name).await {
+            let node = match self.node(name).await {
                 Ok(n) => n,
                 Err(KubeError::NotFound(_)) => {
                     if waiting.failed("absent") {
@@ -230,7 +234,7 @@ impl KubeRegistry {
             };
             if let Some(patch) = annotation_patch(&node, attrs, &self.names) {
                 loop {
-                    match self.client.patch_node_status(name, &patch).await {
+                    match self.patch_status(name, &patch).await {
                         Ok(()) => break,
                         Err(KubeError::NotFound(_)) => continue 'again,
                         Err(e) => {
@@ -251,7 +255,7 @@ impl KubeRegistry {
             if self.set_node_network_unavailable {
                 loop {
                     let patch = network_available_patch(k8s_openapi::chrono::Utc::now());
-                    match self.client.patch_node_status(name, &patch).await {
+                    match self.patch_status(name, &patch).await {
                         Ok(()) => break,
                         Err(KubeError::NotFound(_)) => continue 'again,
                         Err(e) => {
@@ -274,7 +278,7 @@ impl KubeRegistry {
     /// What this node's annotations say of it, for the VtepMAC to keep (flannel#1795);
     /// None when the node cannot be read at once or carries no backend data.
     pub async fn earlier_attrs(&self) -> Option<LeaseAttrs> {
-        let node = tokio::time::timeout(Duration::from_secs(5), self.client.node(&self.node_name))
+        let node = tokio::time::timeout(Duration::from_secs(5), self.node(&self.node_name))
             .await
             .ok()?
             .ok()?;
@@ -284,16 +288,19 @@ impl KubeRegistry {
     /// The addresses a user set for this node (`node-public-ip`, `node-public-ipv6`), which
     /// take the place of `--public-ip` and `--public-ipv6`.
     pub async fn annotated_public_ips(&self) -> RegResult<(Option<Ipv4Addr>, Option<Ipv6Addr>)> {
-        let node = self.client.node(&self.node_name).await?;
+        let node = self.node(&self.node_name).await?;
         Ok(node_public_ips(&node, &self.names)?)
     }
 
     /// Every node that is a lease, listed anew; the watch resumes from this listing.
     pub async fn list_leases(&self, families: Families) -> std::result::Result<Listing, KubeError> {
-        let (nodes, rv) = self.client.list_nodes().await?;
+        let listed = self
+            .client
+            .list::<NodeObject>(NODES, &Selector::all())
+            .await?;
         let mut guard = self.lock();
         let w = guard.get_or_insert_with(|| NodeWatch::new(self.names.clone(), families));
-        let d = w.listed(nodes, rv);
+        let d = w.listed(listed.items, listed.resource_version);
         Ok(Listing {
             entries: w.entries().cloned().collect(),
             bad: d.bad,
@@ -308,91 +315,79 @@ impl KubeRegistry {
     /// which bookmarks keep moving; a broken connection, a 429 or 5xx too, as often as the
     /// client's pace allows. A failure is logged when its cause changes.
     pub async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
+        let Some(rv) = self
+            .lock()
+            .as_ref()
+            .map(|w| w.resource_version().to_string())
+        else {
+            return WatchEnd::Broken(RegistryError::WatchEnded(
+                "the nodes were never listed".into(),
+            ));
+        };
         let mut trouble = Retrying::default();
-        loop {
-            let rv = match self.lock().as_ref() {
-                Some(w) => w.resource_version().to_string(),
-                None => {
-                    return WatchEnd::Broken(RegistryError::WatchEnded(
-                        "the nodes were never listed".into(),
-                    ))
-                }
-            };
-            let started = Instant::now();
-            let mut seen = 0usize;
-            let failure = match self.client.watch_nodes(&rv).await {
-                Err(KubeError::Expired(m)) => {
-                    info!("the watch on the nodes from resourceVersion {rv} is too old ({m}); listing them again");
+        let events = self
+            .client
+            .follow::<NodeObject>(NODES, &Selector::all(), &rv);
+        let mut events = std::pin::pin!(events);
+        while let Some(item) = events.next().await {
+            let step = match item {
+                Ok(Followed::Expired(m)) => {
+                    info!("the watch on the nodes from resourceVersion {rv} on is too old ({m}); listing them again");
                     return WatchEnd::Compacted(0);
                 }
-                Err(e) => Some(e.to_string()),
-                Ok(mut events) => loop {
-                    let Some(item) = events.next().await else {
-                        if seen == 0 && started.elapsed() < SHORT_WATCH {
-                            self.client.note_failure();
-                            break Some(format!(
-                                "the API server at {} ended the watch at once, with no event",
-                                self.client.server()
-                            ));
-                        }
-                        break None;
-                    };
-                    let step = match item {
-                        Ok(ev) => match self.lock().as_mut() {
-                            Some(w) => w.event(ev),
-                            None => {
-                                return WatchEnd::Broken(RegistryError::WatchEnded(
-                                    "the nodes were never listed".into(),
-                                ))
-                            }
-                        },
-                        Err(e) => break Some(e.to_string()),
-                    };
-                    seen += 1;
-                    match step {
-                        Ok(d) => {
-                            if let Some((t, n)) = trouble.passed() {
-                                info!(
-                                    "watching the nodes at {} again, after {n} failed attempts in {} s",
-                                    self.client.server(),
-                                    t.as_secs()
-                                );
-                            }
-                            for b in &d.bad {
-                                warn_skipped(b, &self.describe());
-                            }
-                            for c in d.changes {
-                                if tx.send(c).await.is_err() {
-                                    return WatchEnd::Closed;
-                                }
-                            }
-                        }
-                        Err(WatchStop::Expired(m)) => {
-                            info!("the watch on the nodes is too old ({m}); listing them again");
-                            return WatchEnd::Compacted(0);
-                        }
-                        Err(WatchStop::Failed(m)) => break Some(m),
-                    }
-                },
-            };
-            match failure {
-                Some(why) => {
+                Ok(followed) => followed,
+                Err(e) => {
                     metrics::inc(&METRICS.registry_errors);
+                    let why = e.to_string();
                     if trouble.failed(&why) {
                         warn!("watching the nodes: {why}; retrying");
                     }
+                    continue;
                 }
-                None => {
-                    if let Some((t, n)) = trouble.passed() {
-                        info!(
-                            "watching the nodes at {} again, after {n} failed attempts in {} s",
-                            self.client.server(),
-                            t.as_secs()
-                        );
-                    }
+            };
+            if let Some((t, n)) = trouble.passed() {
+                info!(
+                    "watching the nodes at {} again, after {n} failed attempts in {} s",
+                    self.client.server(),
+                    t.as_secs()
+                );
+            }
+            let d = {
+                let mut guard = self.lock();
+                let Some(w) = guard.as_mut() else {
+                    return WatchEnd::Broken(RegistryError::WatchEnded(
+                        "the nodes were never listed".into(),
+                    ));
+                };
+                match &step {
+                    Followed::Applied(n) => w.applied(n),
+                    Followed::Deleted(n) => w.deleted(n),
+                    Followed::Bookmark | Followed::Expired(_) => Delivery::default(),
+                }
+            };
+            for b in &d.bad {
+                warn_skipped(b, &self.describe());
+            }
+            for c in d.changes {
+                if tx.send(c).await.is_err() {
+                    return WatchEnd::Closed;
                 }
             }
         }
+        WatchEnd::Closed
+    }
+
+    async fn node(&self, name: &str) -> Result<NodeObject, KubeError> {
+        self.client.get(NODES, None, name).await
+    }
+
+    /// A strategic-merge PATCH of `nodes/<name>/status`.
+    async fn patch_status(&self, name: &str, body: &serde_json::Value) -> Result<(), KubeError> {
+        let patch = Patch::Strategic(body.clone());
+        self.client
+            .patch(NODES, None, name, Some("status"), &patch)
+            .await
+            .map(drop)
     }
 }
 

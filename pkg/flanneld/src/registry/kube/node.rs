@@ -8,7 +8,8 @@ use crate::family::IpFamily;
 use crate::lease::{Lease, LeaseAttrs, SubnetKey};
 use crate::registry::Entry;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
-use serde::{Deserialize, Deserializer};
+use kube_lite::null_as_default;
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -180,14 +181,6 @@ impl Annotations {
     }
 }
 
-pub(super) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
-
 /// The part of a Node a lease needs; everything else in the object is skipped unread.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct NodeObject {
@@ -214,6 +207,12 @@ pub struct NodeSpec {
     pub pod_cidr: String,
     #[serde(rename = "podCIDRs", default, deserialize_with = "null_as_default")]
     pub pod_cidrs: Vec<String>,
+}
+
+impl kube_lite::Object for NodeObject {
+    fn resource_version(&self) -> &str {
+        &self.metadata.resource_version
+    }
 }
 
 impl NodeObject {

@@ -3,7 +3,6 @@
 use super::node::{node_entry, Annotations, Families, NodeObject};
 use crate::registry::{Change, Entry};
 use crate::view::BadEntry;
-use kube::core::WatchEvent;
 use std::collections::HashMap;
 
 /// What one listing or watch event changed.
@@ -12,15 +11,6 @@ pub struct Delivery {
     pub changes: Vec<Change>,
     /// Nodes whose annotations could not be read (key: `node <name>`).
     pub bad: Vec<BadEntry>,
-}
-
-/// Why a watch must end.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchStop {
-    /// 410: the resourceVersion left the server's window; list again.
-    Expired(String),
-    /// Any other error event.
-    Failed(String),
 }
 
 /// The other nodes as leases, kept between a list and the watch that follows it: per node
@@ -44,7 +34,7 @@ impl NodeWatch {
         }
     }
 
-    /// Where a watch resumes.
+    /// Where the watch after the last listing starts.
     pub fn resource_version(&self) -> &str {
         &self.resource_version
     }
@@ -120,28 +110,18 @@ impl NodeWatch {
         out
     }
 
-    /// One event of the watch.
-    pub fn event(&mut self, ev: WatchEvent<NodeObject>) -> Result<Delivery, WatchStop> {
+    /// A node created or changed, as the watch tells it.
+    pub fn applied(&mut self, node: &NodeObject) -> Delivery {
         let mut out = Delivery::default();
-        match ev {
-            WatchEvent::Added(n) | WatchEvent::Modified(n) => {
-                self.update(&n, &mut out);
-                self.resource_version = n.metadata.resource_version;
-            }
-            WatchEvent::Deleted(n) => {
-                self.forget(&n.metadata.name, &mut out);
-                self.resource_version = n.metadata.resource_version;
-            }
-            WatchEvent::Bookmark(b) => self.resource_version = b.metadata.resource_version,
-            WatchEvent::Error(e) if e.code == 410 => return Err(WatchStop::Expired(e.message)),
-            WatchEvent::Error(e) => {
-                return Err(WatchStop::Failed(format!(
-                    "{} ({} {})",
-                    e.message, e.code, e.reason
-                )))
-            }
-        }
-        Ok(out)
+        self.update(node, &mut out);
+        out
+    }
+
+    /// A node deleted, as the watch tells it.
+    pub fn deleted(&mut self, node: &NodeObject) -> Delivery {
+        let mut out = Delivery::default();
+        self.forget(&node.metadata.name, &mut out);
+        out
     }
 }
 
@@ -151,8 +131,8 @@ mod tests {
     use crate::registry::kube::fixtures::*;
     use serde_json::{json, Value};
 
-    fn event(line: &str) -> WatchEvent<NodeObject> {
-        serde_json::from_str(line).unwrap()
+    fn parse(n: &str) -> NodeObject {
+        serde_json::from_str(n).unwrap()
     }
 
     fn keys(d: &Delivery) -> Vec<String> {
@@ -164,10 +144,6 @@ mod tests {
                 Change::Snapshot(_) => "snapshot".into(),
             })
             .collect()
-    }
-
-    fn ev(kind: &str, n: &str) -> WatchEvent<NodeObject> {
-        event(&format!(r#"{{"type":"{kind}","object":{n}}}"#))
     }
 
     #[test]
@@ -199,14 +175,9 @@ mod tests {
             v.to_string()
         };
         // Neither a status update nor another annotation is a change of the lease.
-        let d = w
-            .event(ev("MODIFIED", &a_json("192.168.1.1", "x")))
-            .unwrap();
+        let d = w.applied(&parse(&a_json("192.168.1.1", "x")));
         assert!(d.changes.is_empty());
-        assert_eq!(w.resource_version(), "101");
-        let d = w
-            .event(ev("MODIFIED", &a_json("192.168.1.9", "x")))
-            .unwrap();
+        let d = w.applied(&parse(&a_json("192.168.1.9", "x")));
         assert_eq!(keys(&d), ["+10.5.1.0-24"]);
         // b becomes a lease when it is annotated.
         let b = flannel_node("b", "10.5.2.0/24", "192.168.1.2");
@@ -215,29 +186,17 @@ mod tests {
             "spec": {"podCIDR": "10.5.2.0/24"}
         }))
         .unwrap();
-        assert_eq!(
-            keys(&w.event(ev("ADDED", &b_json)).unwrap()),
-            ["+10.5.2.0-24"]
-        );
-        // A bookmark moves the resourceVersion only.
-        let d = w
-            .event(event(r#"{"type":"BOOKMARK","object":{"kind":"Node","apiVersion":"v1","metadata":{"resourceVersion":"150","creationTimestamp":null},"spec":{},"status":{}}}"#))
-            .unwrap();
-        assert!(d.changes.is_empty());
-        assert_eq!(w.resource_version(), "150");
+        assert_eq!(keys(&w.applied(&parse(&b_json))), ["+10.5.2.0-24"]);
         // A garbled annotation: logged with the node's name, the lease gone.
-        let d = w.event(ev("MODIFIED", &a_json("not-an-ip", "x"))).unwrap();
+        let d = w.applied(&parse(&a_json("not-an-ip", "x")));
         assert_eq!(keys(&d), ["-10.5.1.0-24"]);
         assert_eq!(d.bad[0].key, "node a");
         assert!(d.bad[0].reason.contains("not-an-ip"));
-        let d = w.event(ev("DELETED", &b_json)).unwrap();
+        let d = w.deleted(&parse(&b_json));
         assert_eq!(keys(&d), ["-10.5.2.0-24"]);
         assert!(w.is_empty());
-        let gone = w.event(event(r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 150 (160)","reason":"Expired","code":410}}"#));
-        assert_eq!(
-            gone.unwrap_err(),
-            WatchStop::Expired("too old resource version: 150 (160)".into())
-        );
+        // Where the next watch starts is the listing's, whatever the events said.
+        assert_eq!(w.resource_version(), "100");
     }
 
     #[test]
