@@ -4,7 +4,10 @@
 //! for both), the tools side by side. Callers write rule text only; which tool reads, writes,
 //! waits or retries is decided here.
 
-use super::{iptables_is_default, run_side_by_side, Family, Iptables, Nftables, Primed, RuleTool};
+use super::{
+    iptables_is_default, run_side_by_side, xtables, Family, Iptables, Nftables, Primed, RuleTool,
+    UnusedIptables,
+};
 use crate::error::Error;
 use std::fmt;
 
@@ -150,21 +153,42 @@ impl Backend {
         rules: &R,
         job: impl Fn(Slot, &Outcome) -> Result<(), R::Error> + Sync,
     ) -> Result<Removed, R::Error> {
-        let slots = self.slots(&rules.families());
-        let outcome = Outcome::default();
-        let (job, outcome_ref) = (&job, &outcome);
-        let jobs = slots
-            .iter()
-            .map(|&slot| move || job(slot, outcome_ref))
-            .collect();
-        run_side_by_side(jobs)?;
-        let mut done = outcome.into_removed();
-        done.families = slots
-            .iter()
-            .filter(|s| matches!(s, Slot::Iptables(_)))
-            .count();
-        Ok(done)
+        each_slot(self.slots(&rules.families()), job)
     }
+}
+
+/// Runs `job` for each of `slots`, side by side; what they did.
+fn each_slot<E: From<Error> + Send>(
+    slots: Vec<Slot>,
+    job: impl Fn(Slot, &Outcome) -> Result<(), E> + Sync,
+) -> Result<Removed, E> {
+    let outcome = Outcome::default();
+    let (job, outcome_ref) = (&job, &outcome);
+    let jobs = slots
+        .iter()
+        .map(|&slot| move || job(slot, outcome_ref))
+        .collect();
+    run_side_by_side(jobs)?;
+    let mut done = outcome.into_removed();
+    done.families = slots
+        .iter()
+        .filter(|s| matches!(s, Slot::Iptables(_) | Slot::UnusedIptables(_)))
+        .count();
+    Ok(done)
+}
+
+/// Removes what `rules` plan from the iptables mode this process did not choose, where an
+/// earlier run wrote them before the host's rules moved or another mode was asked for. Nothing
+/// when no mode was chosen or that mode's programs are not installed.
+pub fn remove_in_unused_iptables<R: Rules>(rules: &R) -> Result<Removed, R::Error> {
+    let mut families = rules.families();
+    families.dedup();
+    let slots = families
+        .into_iter()
+        .filter(|&f| xtables::unused_program(f, true).is_some_and(super::has_tool))
+        .map(Slot::UnusedIptables)
+        .collect();
+    each_slot(slots, |slot, outcome| slot.remove(rules, outcome))
 }
 
 impl fmt::Display for Backend {
@@ -331,6 +355,8 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
     Iptables(Family),
+    /// The iptables mode this process did not choose: only removed from.
+    UnusedIptables(Family),
     Nftables,
 }
 
@@ -354,6 +380,8 @@ impl Slot {
         match self {
             Slot::Iptables(Family::V4) => &Iptables(Family::V4),
             Slot::Iptables(Family::V6) => &Iptables(Family::V6),
+            Slot::UnusedIptables(Family::V4) => &UnusedIptables(Family::V4),
+            Slot::UnusedIptables(Family::V6) => &UnusedIptables(Family::V6),
             Slot::Nftables => &Nftables,
         }
     }
@@ -361,11 +389,11 @@ impl Slot {
     /// Reads what the rules ask for and plans this tool's batch.
     fn plan<R: Rules>(self, rules: &R) -> Result<Option<String>, Failure<R::Error>> {
         match self {
-            Slot::Iptables(family) => {
+            Slot::Iptables(family) | Slot::UnusedIptables(family) => {
                 let saved = rules
                     .iptables_reads()
                     .iter()
-                    .map(|t| Ok(Iptables(family).list(&[t])?.unwrap_or_default()))
+                    .map(|t| Ok(self.tool().list(&[t])?.unwrap_or_default()))
                     .collect::<Result<Vec<_>, Error>>()
                     .map_err(Failure::Unreadable)?;
                 rules.iptables(family, &saved).map_err(Failure::Planner)
@@ -392,7 +420,7 @@ impl Slot {
                 Err(Failure::Unreadable(e)) => {
                     return match (last, self) {
                         (Err(write), _) => Err(write.into()),
-                        (Ok(()), Slot::Iptables(_)) => {
+                        (Ok(()), Slot::Iptables(_) | Slot::UnusedIptables(_)) => {
                             outcome.unreadable(e);
                             Ok(())
                         }
@@ -468,7 +496,7 @@ impl Writers {
         for slot in backend.slots(families) {
             let head = match slot {
                 Slot::Iptables(f) => rules.iptables_head(f),
-                Slot::Nftables => String::new(),
+                Slot::UnusedIptables(_) | Slot::Nftables => String::new(),
             };
             w.prime(slot.tool(), &head);
         }

@@ -5,10 +5,13 @@
 //! reads the current rules first so that it deletes exactly what is there, whoever wrote it.
 
 mod driver;
+pub mod xtables;
 
 pub use driver::{
-    remove_everywhere, Backend, Batches, Detected, Installed, Removed, Rules, Writers,
+    remove_everywhere, remove_in_unused_iptables, Backend, Batches, Detected, Installed, Removed,
+    Rules, Writers,
 };
+pub use xtables::IptablesMode;
 
 use crate::error::Error;
 use std::io::Write;
@@ -32,17 +35,12 @@ impl Family {
         }
     }
 
+    /// The restore program of this process's iptables mode ([`xtables::choose`]).
     fn restore_cmd(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables-restore",
-            Family::V6 => "ip6tables-restore",
-        }
+        xtables::chosen_program(self, true)
     }
     fn save_cmd(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables-save",
-            Family::V6 => "ip6tables-save",
-        }
+        xtables::chosen_program(self, false)
     }
 }
 
@@ -75,9 +73,9 @@ pub fn has_tool(program: &str) -> bool {
     find_tool(program).is_some()
 }
 
-/// Whether iptables (iptables-restore) is installed.
+/// Whether iptables (iptables-restore, of the mode chosen) is installed.
 pub fn has_iptables() -> bool {
-    has_tool("iptables-restore")
+    has_tool(Family::V4.restore_cmd())
 }
 
 /// Whether nft is installed.
@@ -149,8 +147,9 @@ pub trait RuleTool: Sync {
     }
 }
 
-/// `iptables-restore --noflush` (or ip6tables-) of one family; `-w` waits for the xtables lock
-/// that other writers hold.
+/// `iptables-restore --noflush` (or ip6tables-) of one family, of this process's iptables mode
+/// ([`xtables::choose`]; PATH's plain programs until one is chosen); `-w` waits for the
+/// xtables lock that other writers hold.
 pub struct Iptables(pub Family);
 
 /// `nft -f`: both families in one transaction.
@@ -158,26 +157,34 @@ pub struct Nftables;
 
 const RESTORE_ARGS: &[&str] = &["--noflush", "-w", "5"];
 
+/// iptables of one family in the mode this process did not choose
+/// ([`xtables::chosen_mode`]): where rules an earlier choice wrote are removed from.
+pub struct UnusedIptables(pub Family);
+
+/// A table's rules as `save -t <table>` prints them.
+fn save_list(save: &str, scope: &[&str]) -> Result<Option<String>, Error> {
+    let table = scope.first().copied().unwrap_or("filter");
+    let out = Command::new(save)
+        .args(["-t", table])
+        .output()
+        .map_err(|e| Error::io("running", save, &e))?;
+    if !out.status.success() {
+        return Err(Error::failed(
+            "running",
+            format!("{save} -t {table}"),
+            format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
 impl RuleTool for Iptables {
     fn program(&self) -> &'static str {
         self.0.restore_cmd()
     }
 
     fn list(&self, scope: &[&str]) -> Result<Option<String>, Error> {
-        let table = scope.first().copied().unwrap_or("filter");
-        let save = self.0.save_cmd();
-        let out = Command::new(save)
-            .args(["-t", table])
-            .output()
-            .map_err(|e| Error::io("running", save, &e))?;
-        if !out.status.success() {
-            return Err(Error::failed(
-                "running",
-                format!("{save} -t {table}"),
-                format!("failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
-            ));
-        }
-        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+        save_list(self.0.save_cmd(), scope)
     }
 
     fn apply(&self, batch: &str) -> Result<(), Error> {
@@ -186,6 +193,42 @@ impl RuleTool for Iptables {
 
     fn prime(&self) -> Result<Primed, Error> {
         Primed::start(self.0.restore_cmd(), RESTORE_ARGS)
+    }
+}
+
+impl UnusedIptables {
+    fn programs(&self) -> Result<(&'static str, &'static str), Error> {
+        match (
+            xtables::unused_program(self.0, false),
+            xtables::unused_program(self.0, true),
+        ) {
+            (Some(save), Some(restore)) => Ok((save, restore)),
+            _ => Err(Error::failed(
+                "finding",
+                "the unused iptables mode",
+                "no mode was chosen",
+            )),
+        }
+    }
+}
+
+impl RuleTool for UnusedIptables {
+    fn program(&self) -> &'static str {
+        self.programs()
+            .map(|(_, r)| r)
+            .unwrap_or("iptables-restore")
+    }
+
+    fn list(&self, scope: &[&str]) -> Result<Option<String>, Error> {
+        save_list(self.programs()?.0, scope)
+    }
+
+    fn apply(&self, batch: &str) -> Result<(), Error> {
+        run_with_input(self.programs()?.1, RESTORE_ARGS, batch).map(|_| ())
+    }
+
+    fn prime(&self) -> Result<Primed, Error> {
+        Primed::start(self.programs()?.1, RESTORE_ARGS)
     }
 }
 
