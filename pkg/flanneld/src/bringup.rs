@@ -24,7 +24,7 @@ use crate::registry::cause::Retrying;
 use crate::registry::{LeaseRequest, Registry};
 use crate::settings::Settings;
 use crate::spec::{Firewall, Ground, NodeSpec};
-use cni_kernel::firewall::Installed;
+use cni_kernel::firewall::{self, xtables, Installed, IptablesMode};
 use cni_kernel::netlink::Conn;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use std::sync::atomic::AtomicBool;
@@ -227,6 +227,21 @@ async fn ground(
         };
         say(Note::new("firewall", level, note.clone()));
     }
+    let mode = match firewall.backend {
+        Some(firewall::Backend::Iptables) => {
+            match iptables_mode(settings.iptables_mode, say).await {
+                Ok(mode) => 1 + u64::from(mode == IptablesMode::Nft),
+                Err(e) if examine => {
+                    say(Note::new("firewall", Level::Wrong, e.to_string()));
+                    0
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Some(firewall::Backend::Nftables) => 3,
+        None => 0,
+    };
+    metrics::set(&METRICS.firewall_mode, mode);
     if cni_kernel::sysctl::bridge_nf_call_iptables().is_none() {
         say(Note::new("bridge", Level::Notice, BR_NETFILTER_ABSENT));
     }
@@ -255,6 +270,35 @@ async fn ground(
         style,
     };
     Ok((ground, conn))
+}
+
+/// The iptables mode the rules go through, chosen for the whole process: `asked`, else the one
+/// the host's rules are in. Said with why.
+async fn iptables_mode(
+    asked: Option<IptablesMode>,
+    say: &mut (dyn FnMut(Note) + Send),
+) -> Result<IptablesMode, StartError> {
+    let chosen = tokio::task::spawn_blocking(move || {
+        xtables::choose(asked, &[masq::POSTRTG_CHAIN, masq::FWD_CHAIN])
+    })
+    .await
+    .map_err(|e| {
+        StartError::IptablesMode(cni_kernel::Error::failed(
+            "choosing the iptables mode",
+            "",
+            e,
+        ))
+    })?
+    .map_err(StartError::IptablesMode)?;
+    say(Note::new(
+        "firewall",
+        Level::Fine,
+        format!(
+            "iptables mode {} ({}): {}",
+            chosen.mode, chosen.program, chosen.reason
+        ),
+    ));
+    Ok(chosen.mode)
 }
 
 /// The subnet(s) of an earlier subnet.env, if it is readable.

@@ -33,6 +33,8 @@ pub enum StartError {
     Lease(RegistryError),
     /// `--ip-masq` asks for rules no installed tool can write.
     Firewall(cni_kernel::Error),
+    /// The iptables mode `--iptables-mode` asks for cannot be run here.
+    IptablesMode(cni_kernel::Error),
 }
 
 impl fmt::Display for StartError {
@@ -49,6 +51,7 @@ impl fmt::Display for StartError {
             StartError::Kernel(e) => e.fmt(f),
             StartError::Lease(why) => why.fmt(f),
             StartError::Firewall(e) => write!(f, "--ip-masq: {e}"),
+            StartError::IptablesMode(e) => write!(f, "--iptables-mode: {e}"),
         }
     }
 }
@@ -64,7 +67,7 @@ impl StartError {
             StartError::NoLease(_) | StartError::Lease(_) => "lease",
             StartError::Interface(_) => "interface",
             StartError::Kernel(_) => "kernel",
-            StartError::Firewall(_) => "firewall",
+            StartError::Firewall(_) | StartError::IptablesMode(_) => "firewall",
         }
     }
 

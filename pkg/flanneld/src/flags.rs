@@ -19,6 +19,19 @@ fn annotation_prefix(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--iptables-mode`: legacy or nft; None: auto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IptablesModeFlag(pub Option<cni_kernel::firewall::IptablesMode>);
+
+fn iptables_mode(s: &str) -> Result<IptablesModeFlag, String> {
+    match s {
+        "auto" => Ok(IptablesModeFlag(None)),
+        _ => cni_kernel::firewall::IptablesMode::parse(s)
+            .map(|m| IptablesModeFlag(Some(m)))
+            .ok_or_else(|| format!("{s:?} is not an iptables mode (auto, legacy or nft)")),
+    }
+}
+
 fn regex(s: &str) -> Result<regex::Regex, String> {
     regex::Regex::new(s).map_err(|e| e.to_string())
 }
@@ -165,6 +178,14 @@ pub struct Flags {
     #[arg(long, env = "FLANNELD_IP_BLACKHOLE_ROUTE", value_parser = go_bool, num_args = 0..=1,
           default_value = "false", default_missing_value = "true", value_name = "BOOL")]
     pub ip_blackhole_route: bool,
+
+    /// Which iptables the rules go through: legacy, nft, or auto (the one holding the host's
+    /// rules, as kubernetes-sigs/iptables-wrappers decides: kubelet's chains, then which holds
+    /// more rules, else nft). Not a flag of Go's flanneld, whose image's iptables-wrappers
+    /// decides the same. No effect with EnableNFTables, which writes through nft itself.
+    #[arg(long, env = "FLANNELD_IPTABLES_MODE", value_parser = iptables_mode,
+          default_value = "auto", value_name = "auto|legacy|nft")]
+    pub iptables_mode: IptablesModeFlag,
 
     /// Seconds between checks that the firewall rules are still in place.
     #[arg(
@@ -667,6 +688,13 @@ mod tests {
         assert_eq!(f.registry_dir, None);
         assert!(f.nexthops);
         assert!(!parse(&["-nexthops=false"]).unwrap().nexthops);
+        assert_eq!(f.iptables_mode.0, None);
+        let legacy = parse(&["--iptables-mode=legacy"]).unwrap().iptables_mode.0;
+        assert_eq!(legacy, Some(cni_kernel::firewall::IptablesMode::Legacy));
+        let e = parse(&["--iptables-mode=nf_tables"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("auto, legacy or nft"), "{e}");
     }
 
     #[test]

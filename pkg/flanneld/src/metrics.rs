@@ -17,6 +17,8 @@ pub struct Metrics {
     pub route_style: AtomicU64,
     /// The wireguard backend's tunnel: 0 none, 1 the kernel's, 2 the userspace one.
     pub wireguard_tunnel: AtomicU64,
+    /// What writes the firewall rules: 0 nothing, 1 iptables-legacy, 2 iptables-nft, 3 nft.
+    pub firewall_mode: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_micros: AtomicU64,
     pub repaired_routes: AtomicU64,
@@ -37,6 +39,7 @@ pub static METRICS: Metrics = Metrics {
     nexthops: AtomicU64::new(0),
     route_style: AtomicU64::new(0),
     wireguard_tunnel: AtomicU64::new(0),
+    firewall_mode: AtomicU64::new(0),
     reconcile_runs: AtomicU64::new(0),
     reconcile_micros: AtomicU64::new(0),
     repaired_routes: AtomicU64::new(0),
@@ -106,6 +109,18 @@ impl Metrics {
             &[
                 ("{tunnel=\"kernel\"}", u64::from(tunnel == 1)),
                 ("{tunnel=\"userspace\"}", u64::from(tunnel == 2)),
+            ],
+        );
+        let fw = g(&self.firewall_mode);
+        family(
+            &mut out,
+            "flanneld_firewall_mode",
+            "gauge",
+            "What writes the masquerade and forward rules: 1 for the one in use (none without rules).",
+            &[
+                ("{mode=\"iptables-legacy\"}", u64::from(fw == 1)),
+                ("{mode=\"iptables-nft\"}", u64::from(fw == 2)),
+                ("{mode=\"nftables\"}", u64::from(fw == 3)),
             ],
         );
         family(
@@ -181,7 +196,12 @@ mod tests {
         add(&m.reconcile_micros, 1_500_000);
         set(&m.route_style, 2);
         set(&m.wireguard_tunnel, 2);
+        set(&m.firewall_mode, 1);
         let text = m.render();
+        assert!(
+            text.contains("flanneld_firewall_mode{mode=\"iptables-legacy\"} 1\nflanneld_firewall_mode{mode=\"iptables-nft\"} 0\n"),
+            "{text}"
+        );
         assert!(
             text.contains("flanneld_wireguard_tunnel{tunnel=\"kernel\"} 0\nflanneld_wireguard_tunnel{tunnel=\"userspace\"} 1\n"),
             "{text}"

@@ -22,6 +22,8 @@ pub struct Settings {
     pub masq: MasqOptions,
     /// `--iptables-resync`: how often the firewall is looked at.
     pub iptables_resync: Duration,
+    /// `--iptables-mode`: legacy or nft; None: the one the host's rules are in.
+    pub iptables_mode: Option<cni_kernel::firewall::IptablesMode>,
     /// The lease's lifetime, and how long before its expiry it is renewed.
     pub ttl: Duration,
     pub renew_margin: Duration,
@@ -85,6 +87,7 @@ impl Settings {
                 forward_rules: flags.iptables_forward_rules,
             },
             iptables_resync: Duration::from_secs(flags.iptables_resync),
+            iptables_mode: flags.iptables_mode.0,
             ttl: Duration::from_secs(flags.subnet_lease_ttl),
             renew_margin: Duration::from_secs(u64::from(flags.subnet_lease_renew_margin) * 60),
             nexthops: flags.nexthops,
