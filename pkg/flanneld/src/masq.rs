@@ -844,16 +844,36 @@ fn log_removal(removed: &Result<Removed>, notes: &Notes) {
 /// whose iptables cannot be read holds none of ours: skipped with a warning; a mode whose
 /// tool is not installed holds none at all.
 pub fn remove_other_mode(spec: &MasqSpec) -> Result<bool> {
+    let moved = remove_from_unused_iptables()?;
     let other = spec.backend().other();
     if !other.installed() {
-        return Ok(false);
+        return Ok(moved);
     }
     let ours = Ours {
         notes: Notes::default(),
     };
     let removed = other.remove(&ours);
     log_removal(&removed, &ours.notes);
-    Ok(removed?.changed)
+    Ok(removed?.changed || moved)
+}
+
+/// Removes our iptables chains from the iptables mode this process did not choose, where a run
+/// before the host's rules moved (or before `--iptables-mode`) wrote them.
+fn remove_from_unused_iptables() -> Result<bool> {
+    let Some(mode) = cni_kernel::firewall::xtables::chosen_mode() else {
+        return Ok(false);
+    };
+    let ours = Ours {
+        notes: Notes::default(),
+    };
+    let removed = cni_kernel::firewall::remove_in_unused_iptables(&ours)?;
+    if removed.changed {
+        tracing::info!(
+            "removed flannel's iptables chains from iptables-{}: the rules are in iptables-{mode}",
+            mode.other()
+        );
+    }
+    Ok(removed.changed)
 }
 
 /// The rules written for previous networks and subnets (from the old subnet.env) that the spec
