@@ -106,6 +106,12 @@ if [ "$rebuild_base" = 1 ] || [ -z "$old_base" ]; then
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         "$release" "$work/base.tar" "${sources[@]}" >"$work/mmdebstrap.log" 2>&1 ||
         { cat "$work/mmdebstrap.log" >&2; echo "mmdebstrap failed" >&2; exit 1; }
+    # flanneld writes its rules through whichever iptables holds the host's (--iptables-mode):
+    # the base carries both, legacy and nft, as Debian's iptables package does.
+    for tool in iptables-legacy-restore ip6tables-legacy-restore iptables-nft-restore ip6tables-nft-restore; do
+        tar -tf "$work/base.tar" | grep -qE "^(\./)?usr/sbin/$tool\$" ||
+            { echo "the base lacks /usr/sbin/$tool: flanneld needs iptables-legacy and iptables-nft" >&2; exit 1; }
+    done
     podman import --quiet \
         --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         --change 'CMD ["/bin/bash"]' \
