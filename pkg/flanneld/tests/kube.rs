@@ -435,11 +435,26 @@ fn a_node_without_a_pod_cidr_waits_and_one_outside_the_network_is_refused() {
     wait_for("/readyz to answer 503", T, || {
         (http_code(c.node(1), "/readyz") == "503").then_some(())
     });
-    std::thread::sleep(Duration::from_secs(5));
+    // Still asking, once a second, and saying so once however often it asks.
+    let user = c.node(1).kube_user().expect("a kube user").name.clone();
+    let gets = || {
+        c.kube()
+            .requests()
+            .iter()
+            .filter(|r| r.user == user && r.verb == "get" && r.path.ends_with("/nodes/node1"))
+            .count()
+    };
+    let asked = gets();
+    wait_for(
+        "node 1's flanneld to ask for its Node three more times",
+        T,
+        || (gets() >= asked + 3).then_some(()),
+    );
     let waits = c.node(1).log().matches("no podCIDR").count();
-    assert!(
-        waits <= 2,
-        "{waits} lines while waiting 5 s:\n{}",
+    assert_eq!(
+        waits,
+        1,
+        "{waits} lines while waiting:\n{}",
         c.node(1).log()
     );
     c.assign_pod_cidrs(1);

@@ -8,7 +8,7 @@
 
 use crate::config::{configure, host_port, Source};
 use crate::error::{answer_message, chain_text, classify, KubeError, Op};
-use crate::pace::Pace;
+use crate::pace::{Failure, Pace};
 use crate::resource::{null_as_default, Kind, Object, Selector, PODS};
 use conncause::{connection_cause, Peer};
 use futures::{Stream, StreamExt};
@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::info;
 
 /// Objects per page of a list.
@@ -160,6 +160,10 @@ impl KubeClient {
         self.pace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn failed(&self, how: Failure) {
+        self.pace().failed(Instant::now(), how, fastrand::f64());
+    }
+
     /// A failed connection or a broken answer as the operator fixes it.
     fn transport_error(&self, op: Op<'_>, e: &(dyn std::error::Error + 'static)) -> KubeError {
         let cause = connection_cause(e, &self.peer, &self.addr)
@@ -174,14 +178,14 @@ impl KubeClient {
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<http::Response<Body>, KubeError> {
         let req = req.map_err(|e| KubeError::Refused(format!("{op}: {e}")))?;
-        let not_before = self.pace().not_before;
-        if let Some(t) = not_before {
-            tokio::time::sleep_until(t.into()).await;
+        let wait = self.pace().wait(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
         let res = match self.client.send(req.map(Body::from)).await {
             Ok(r) => r,
             Err(e) => {
-                self.pace().failed(None);
+                self.failed(Failure::Unanswered);
                 return Err(self.transport_error(op, &e));
             }
         };
@@ -194,7 +198,7 @@ impl KubeClient {
         let body = match res.into_body().collect_bytes().await {
             Ok(b) => b,
             Err(e) => {
-                self.pace().failed(None);
+                self.failed(Failure::Unanswered);
                 return Err(self.transport_error(op, &e));
             }
         };
@@ -221,10 +225,14 @@ impl KubeClient {
             },
             _ => classify(op, code, &message),
         };
-        match err {
-            KubeError::Unavailable(_)
-            | KubeError::Unauthenticated(_)
-            | KubeError::Denied { .. } => self.pace().failed(wait),
+        match (&err, wait) {
+            (KubeError::Unavailable(_), Some(w)) => self.failed(Failure::ComeBackIn(w)),
+            (
+                KubeError::Unavailable(_)
+                | KubeError::Unauthenticated(_)
+                | KubeError::Denied { .. },
+                _,
+            ) => self.failed(Failure::Refused),
             _ => self.pace().passed(),
         }
         Err(err)
@@ -233,7 +241,7 @@ impl KubeClient {
     /// Notes a failure the caller found in an answer that was not an error (a watch that
     /// ended at once, an answer it could not use), so that the next request waits its turn.
     pub fn note_failure(&self) {
-        self.pace().failed(None);
+        self.failed(Failure::Refused);
     }
 
     /// The answer to `req`, read as it arrives: its body goes frame by frame to a parser on a
@@ -274,7 +282,7 @@ impl KubeClient {
         drop(tx);
         let parsed = parser.await;
         if let Some(e) = broken {
-            self.note_failure();
+            self.failed(Failure::Unanswered);
             return Err(self.transport_error(op, &e));
         }
         match parsed {
@@ -433,7 +441,7 @@ impl KubeClient {
                                 }
                             }
                             Some(Err(e)) => {
-                                this.note_failure();
+                                this.failed(Failure::Unanswered);
                                 return Some((
                                     Err(this.transport_error(op, &e)),
                                     (body, Vec::new(), true),

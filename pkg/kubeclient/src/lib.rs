@@ -12,9 +12,11 @@
 //! What it does as client-go does: pages of 500 with a continue token (a list whose token
 //! expires starts again), watches resumed from the last resourceVersion with bookmarks, a
 //! resourceVersion too old (410, as an answer or an ERROR event) answered by a new list, a
-//! watch that ends at once counted as a failure, and requests paced while they fail: after a
-//! failure the next request waits, from 0.5 s doubling to 30 s, or as long as `Retry-After`
-//! says. A failed connection is named by its cause (a certificate, a name, a refused port).
+//! watch that ends at once counted as a failure, and requests paced while they fail: a 429 or
+//! 503 with `Retry-After` is asked again when it says (up to 30 s) and grows no backoff; other
+//! failures back off from 0.5 s doubling to 30 s with jitter (to 3 s while the server does not
+//! answer at all); a success ends the waiting. A failed connection is named by its cause (a
+//! certificate, a name, a refused port).
 //! Each answer is parsed as it arrives: a list of thousands of large objects never sits whole
 //! in memory, only what the caller's type takes of each.
 
