@@ -202,6 +202,34 @@ impl TestNs {
     pub fn sysctl(&self, name: &str) -> String {
         self.run("sysctl", &["-n", name]).trim().to_string()
     }
+
+    /// A veth pair from here to `other`, both ends up, `address` (with its prefix, IPv6
+    /// without DAD) on each end if given; returns the ends' names, this side's first.
+    pub fn veth_to(&self, other: &TestNs, addresses: Option<(&str, &str)>) -> (String, String) {
+        let (here, there) = (unique_name("va"), unique_name("vb"));
+        self.ip(&[
+            "link",
+            "add",
+            &here,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &there,
+            "netns",
+            other.name(),
+        ]);
+        for (ns, dev, addr) in [
+            (self, &here, addresses.map(|a| a.0)),
+            (other, &there, addresses.map(|a| a.1)),
+        ] {
+            if let Some(addr) = addr {
+                ns.ip(&["addr", "add", addr, "dev", dev, "nodad"]);
+            }
+            ns.ip(&["link", "set", dev, "up"]);
+        }
+        (here, there)
+    }
 }
 
 impl Drop for TestNs {
