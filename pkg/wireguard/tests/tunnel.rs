@@ -96,44 +96,31 @@ struct Node {
 fn two_nodes(v6_underlay: bool) -> (Node, Node) {
     let a = TestNs::new("wga");
     let b = TestNs::new("wgb");
-    let (va, vb) = (unique_name("ua"), unique_name("ub"));
-    a.ip(&[
-        "link",
-        "add",
-        &va,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &vb,
-        "netns",
-        b.name(),
-    ]);
-    let nodes: Vec<Node> = [(a, va, 1u8), (b, vb, 2u8)]
+    let underlay = |n: u8| {
+        if v6_underlay {
+            format!("fd77::{n}")
+        } else {
+            format!("192.168.77.{n}")
+        }
+    };
+    let plen = if v6_underlay { "64" } else { "24" };
+    a.veth_to(
+        &b,
+        Some((
+            &format!("{}/{plen}", underlay(1)),
+            &format!("{}/{plen}", underlay(2)),
+        )),
+    );
+    let nodes: Vec<Node> = [(a, 1u8), (b, 2u8)]
         .into_iter()
-        .map(|(ns, dev, n)| {
-            let underlay = if v6_underlay {
-                format!("fd77::{n}")
-            } else {
-                format!("192.168.77.{n}")
-            };
-            let plen = if v6_underlay { "64" } else { "24" };
-            ns.ip(&[
-                "addr",
-                "add",
-                &format!("{underlay}/{plen}"),
-                "dev",
-                &dev,
-                "nodad",
-            ]);
-            ns.ip(&["link", "set", &dev, "up"]);
+        .map(|(ns, n)| {
             let pod_v4 = format!("10.77.{n}.2");
             let pod_v6 = format!("fd00:77:{n}::2");
             ns.ip(&["addr", "add", &format!("{pod_v4}/32"), "dev", "lo"]);
             ns.ip(&["addr", "add", &format!("{pod_v6}/128"), "dev", "lo"]);
             Node {
                 ns,
-                underlay,
+                underlay: underlay(n),
                 pod_v4,
                 pod_v6,
                 key: Key::generate().unwrap(),

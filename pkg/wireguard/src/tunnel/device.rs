@@ -5,8 +5,7 @@
 //! allocated: each thread owns its buffers; a peer's Noise state is behind its own mutex.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::OwnedFd;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread;
@@ -17,10 +16,10 @@ use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnetwork::IpNetwork;
+use tunio::{RecvBatch, Run, SendScratch, Tun, TunOptions, UdpSock};
 
 use super::allowed::{canonical, AllowedIps};
-use super::tun;
-use super::udp::{RecvBatch, SendBatch, Sockets, BATCH};
+use super::udp::Sockets;
 use crate::key::Key;
 use crate::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, UapiError};
 
@@ -29,6 +28,8 @@ const BUF_LEN: usize = 65_535 + 64;
 /// Handshakes a second before senders must prove their address with a cookie.
 const HANDSHAKE_RATE_LIMIT: u64 = 1000;
 const TIMER_TICK: Duration = Duration::from_millis(250);
+/// Packets read from TUN before they are sent as one batch.
+const BATCH: usize = 32;
 
 struct Identity {
     secret: StaticSecret,
@@ -114,7 +115,7 @@ pub struct Device {
     name: String,
     state: RwLock<State>,
     bound: RwLock<Bound>,
-    queues: Vec<OwnedFd>,
+    tun: Tun,
     next_index: AtomicU32,
     stop_reason: Mutex<Option<String>>,
     stopped: Condvar,
@@ -128,7 +129,13 @@ fn new_limiter(public: &PublicKey) -> Arc<RateLimiter> {
 impl Device {
     /// Makes TUN device `name` with `queues` queues, binds a free port, and starts the threads.
     pub fn start(name: &str, queues: usize) -> std::io::Result<Arc<Device>> {
-        let queues = tun::open(name, queues)?;
+        let tun = Tun::open(
+            name,
+            &TunOptions {
+                queues,
+                offloads: false,
+            },
+        )?;
         let sockets = Arc::new(Sockets::bind(0, 0)?);
         let dev = Arc::new(Device {
             name: name.to_string(),
@@ -144,13 +151,13 @@ impl Device {
                 sockets: sockets.clone(),
                 generation: 0,
             }),
-            queues,
+            tun,
             next_index: AtomicU32::new(1),
             stop_reason: Mutex::new(None),
             stopped: Condvar::new(),
             is_stopped: AtomicBool::new(false),
         });
-        for q in 0..dev.queues.len() {
+        for q in 0..dev.tun.queues() {
             let d = dev.clone();
             thread::Builder::new()
                 .name(format!("tun-{q}"))
@@ -211,7 +218,7 @@ impl Device {
         for (i, family) in families.into_iter().flatten().enumerate() {
             let d = self.clone();
             let s = sockets.clone();
-            let queue = i % self.queues.len();
+            let queue = i % self.tun.queues();
             thread::Builder::new()
                 .name(format!("udp-{}", if family == 0 { "v4" } else { "v6" }))
                 .spawn(move || {
@@ -227,18 +234,17 @@ impl Device {
     }
 
     fn run_tun_reader(self: Arc<Self>, queue: usize) {
-        let fd = &self.queues[queue];
         let mut inbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; BUF_LEN]).collect();
         let mut inlens = [0usize; BATCH];
         let mut outbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; BUF_LEN]).collect();
         let mut out: Vec<(SocketAddr, usize, usize)> = Vec::with_capacity(BATCH);
-        let mut sender = SendBatch::default();
+        let mut scratch = SendScratch::default();
         while !self.is_stopped.load(Ordering::Relaxed) {
             let mut n = 0;
             while n < BATCH {
-                match tun::read(fd, &mut inbufs[n]) {
-                    Ok(Some(len)) => {
-                        inlens[n] = len;
+                match self.tun.read(queue, &mut inbufs[n]) {
+                    Ok(Some((_, range))) => {
+                        inlens[n] = range.end;
                         n += 1;
                     }
                     Ok(None) => break,
@@ -248,7 +254,7 @@ impl Device {
                 }
             }
             if n == 0 {
-                if let Err(e) = tun::wait(fd, libc::POLLIN, 1000) {
+                if let Err(e) = tunio::tun::wait(self.tun.queue(queue), libc::POLLIN, 1000) {
                     return self.stop(format!("waiting on TUN device {}: {e}", self.name));
                 }
                 continue;
@@ -282,26 +288,24 @@ impl Device {
                 }
             }
             let (sockets, _) = self.sockets();
-            sender.send(
-                &sockets.v4,
-                out.iter()
-                    .filter(|(a, _, _)| a.is_ipv4())
-                    .map(|(a, i, l)| (*a, &outbufs[*i][..*l])),
-            );
-            if let Some(v6) = &sockets.v6 {
-                sender.send(
-                    v6,
-                    out.iter()
-                        .filter(|(a, _, _)| a.is_ipv6())
-                        .map(|(a, i, l)| (*a, &outbufs[*i][..*l])),
-                );
+            for (sock, v4) in [(Some(&sockets.v4), true), (sockets.v6.as_ref(), false)] {
+                let Some(sock) = sock else { continue };
+                let runs: Vec<Run> = out
+                    .iter()
+                    .filter(|(a, _, _)| a.is_ipv4() == v4)
+                    .map(|(a, i, l)| Run {
+                        dst: *a,
+                        data: &outbufs[*i][..*l],
+                        seg: *l,
+                    })
+                    .collect();
+                sock.send_runs(&mut scratch, &runs);
             }
         }
     }
 
-    fn run_socket_reader(self: Arc<Self>, sock: &UdpSocket, queue: usize, generation: u64) {
-        let fd = &self.queues[queue];
-        let mut batch = RecvBatch::new(BUF_LEN);
+    fn run_socket_reader(self: Arc<Self>, sock: &UdpSock, queue: usize, generation: u64) {
+        let mut batch = RecvBatch::for_socket(sock);
         let mut plain = vec![0u8; BUF_LEN];
         loop {
             let received = batch.recv(sock);
@@ -317,13 +321,13 @@ impl Device {
                 }
             };
             let state = self.read_state();
-            for i in 0..n {
-                let (Some(src), datagram) = batch.datagram(i) else {
-                    continue;
-                };
-                if let Err(e) = self.receive(&state, sock, fd, src, datagram, &mut plain) {
-                    drop(state);
-                    return self.stop(format!("writing to TUN device {}: {e}", self.name));
+            for mut m in batch.messages(n) {
+                let src = m.src;
+                for datagram in m.datagrams() {
+                    if let Err(e) = self.receive(&state, sock, queue, src, datagram, &mut plain) {
+                        drop(state);
+                        return self.stop(format!("writing to TUN device {}: {e}", self.name));
+                    }
                 }
             }
         }
@@ -333,8 +337,8 @@ impl Device {
     fn receive(
         &self,
         state: &State,
-        sock: &UdpSocket,
-        fd: &OwnedFd,
+        sock: &UdpSock,
+        queue: usize,
         src: SocketAddr,
         datagram: &[u8],
         plain: &mut [u8],
@@ -373,13 +377,13 @@ impl Device {
             let base = plain.as_ptr() as usize;
             match tunn.decapsulate(Some(src.ip()), datagram, plain) {
                 TunnResult::WriteToNetwork(reply) => {
-                    let _ = sock.send_to(reply, src);
+                    let _ = sock.socket().send_to(reply, src);
                     // A finished handshake releases the packets queued while it ran.
                     let mut queued = vec![0u8; BUF_LEN];
                     while let TunnResult::WriteToNetwork(p) =
                         tunn.decapsulate(None, &[], &mut queued)
                     {
-                        let _ = sock.send_to(p, src);
+                        let _ = sock.socket().send_to(p, src);
                     }
                     true
                 }
@@ -404,7 +408,14 @@ impl Device {
             }
         };
         if let Some((offset, len, from)) = deliver_span {
-            deliver(state, peer, fd, &plain[offset..offset + len], from)?;
+            deliver(
+                state,
+                peer,
+                &self.tun,
+                queue,
+                &plain[offset..offset + len],
+                from,
+            )?;
         }
         if authentic {
             peer.rx_bytes
@@ -437,7 +448,7 @@ impl Device {
                 if let TunnResult::WriteToNetwork(p) = tunn.update_timers(&mut buf) {
                     if let Some(ep) = endpoint {
                         if let Some(s) = sockets.for_addr(&ep) {
-                            let _ = s.send_to(p, ep);
+                            let _ = s.socket().send_to(p, ep);
                         }
                     }
                 }
@@ -631,12 +642,13 @@ impl Device {
 fn deliver(
     state: &State,
     peer: &Arc<Peer>,
-    fd: &OwnedFd,
+    tun: &Tun,
+    queue: usize,
     packet: &[u8],
     from: IpAddr,
 ) -> std::io::Result<()> {
     match state.allowed.lookup(from) {
-        Some(owner) if Arc::ptr_eq(owner, peer) => tun::write(fd, packet),
+        Some(owner) if Arc::ptr_eq(owner, peer) => tun.write(queue, packet),
         _ => Ok(()),
     }
 }

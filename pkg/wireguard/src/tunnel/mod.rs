@@ -4,7 +4,6 @@
 pub mod allowed;
 pub mod device;
 pub mod server;
-pub mod tun;
 pub mod udp;
 
 pub use device::Device;
