@@ -478,6 +478,63 @@ fn a_node_without_a_pod_cidr_waits_and_one_outside_the_network_is_refused() {
 }
 
 #[test]
+fn the_alloc_backend_neither_lists_nor_watches_the_nodes() {
+    let alloc = r#"{"Network":"10.88.0.0/16","Backend":{"Type":"alloc"}}"#;
+    let mut c = Cluster::new("kal", 88, 2, Registry::Kube, alloc);
+    start_all(&mut c, HEALTHZ);
+    for n in c.nodes() {
+        wait_for(&format!("node {}'s /readyz 200", n.index), T, || {
+            (http_code(n, "/readyz") == "200").then_some(())
+        });
+    }
+    // Ready means the leases were listed, had they been: a node made now would be watched.
+    c.kube().create_node(hand_annotated(
+        "late",
+        "10.88.60.0/24",
+        "0e:00:00:00:00:60",
+        "192.168.88.60",
+    ));
+    for n in c.nodes() {
+        let user = n.kube_user().expect("a kube user").name.clone();
+        wait_for(&format!("node {}'s annotations", n.index), T, || {
+            flannel_annotations(&c, n.index)
+                .iter()
+                .any(|(k, v)| k == "backend-type" && v == "alloc")
+                .then_some(())
+        });
+        let mine: Vec<_> = c
+            .kube()
+            .requests()
+            .into_iter()
+            .filter(|r| r.user == user)
+            .collect();
+        assert!(
+            mine.iter().any(|r| r.verb == "get"
+                && r.path
+                    .ends_with(&format!("/nodes/{}", kube_node_name(n.index)))),
+            "node {} never read its own Node: {mine:?}",
+            n.index
+        );
+        let followed: Vec<_> = mine
+            .iter()
+            .filter(|r| r.path.ends_with("/nodes") && matches!(r.verb.as_str(), "list" | "watch"))
+            .collect();
+        assert!(
+            followed.is_empty(),
+            "node {} listed or watched the nodes with the alloc backend: {followed:?}",
+            n.index
+        );
+        assert!(
+            n.log()
+                .contains("the other nodes are neither listed nor watched"),
+            "{}",
+            n.log()
+        );
+        assert!(!n.log().contains("lease added"), "{}", n.log());
+    }
+}
+
+#[test]
 fn this_node_deleted_ends_the_daemon_as_a_deleted_lease_does() {
     let mut c = Cluster::new("kdl", 87, 2, Registry::Kube, &vxlan(87));
     start_all(&mut c, &[]);

@@ -38,6 +38,7 @@ use futures::StreamExt;
 use kube_lite::{Followed, KubeClient, NodeEnv, Patch, Selector, Source, NODES};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -65,6 +66,9 @@ pub struct KubeRegistry {
     watch: Mutex<Option<NodeWatch>>,
     /// The network's families, from the config the node runs with.
     families: Mutex<Option<Families>>,
+    /// Whether the other nodes are listed and watched: not for the `alloc` backend, which
+    /// programs nothing (as Go's flanneld skips its node informer then, flannel#1617).
+    follows_others: AtomicBool,
 }
 
 /// Retries of a failed request wait from 200 ms up to this, besides the client's own pace.
@@ -89,6 +93,7 @@ impl KubeRegistry {
             set_node_network_unavailable,
             watch: Mutex::new(None),
             families: Mutex::new(None),
+            follows_others: AtomicBool::new(true),
         }
     }
 
@@ -292,8 +297,27 @@ impl KubeRegistry {
         Ok(node_public_ips(&node, &self.names)?)
     }
 
-    /// Every node that is a lease, listed anew; the watch resumes from this listing.
+    /// Every node that is a lease, listed anew; the watch resumes from this listing. Without
+    /// following the other nodes (`alloc`), only this node's own, read by its name.
     pub async fn list_leases(&self, families: Families) -> std::result::Result<Listing, KubeError> {
+        if !self.follows_others.load(Ordering::Relaxed) {
+            let own = self.node(&self.node_name).await?;
+            let (entries, bad) = match node_entry(&own, &self.names, families) {
+                Ok(e) => (e.into_iter().collect(), Vec::new()),
+                Err(reason) => (
+                    Vec::new(),
+                    vec![crate::view::BadEntry {
+                        key: format!("node {}", self.node_name),
+                        reason: reason.to_string(),
+                    }],
+                ),
+            };
+            return Ok(Listing {
+                entries,
+                bad,
+                revision: 0,
+            });
+        }
         let listed = self
             .client
             .list::<NodeObject>(NODES, &Selector::all())
@@ -315,6 +339,10 @@ impl KubeRegistry {
     /// which bookmarks keep moving; a broken connection, a 429 or 5xx too, as often as the
     /// client's pace allows. A failure is logged when its cause changes.
     pub async fn follow(&self, tx: mpsc::Sender<Change>) -> WatchEnd {
+        if !self.follows_others.load(Ordering::Relaxed) {
+            tx.closed().await;
+            return WatchEnd::Closed;
+        }
         let Some(rv) = self
             .lock()
             .as_ref()
@@ -436,6 +464,14 @@ impl Registry for KubeRegistry {
 
     fn use_config(&self, cfg: &NetConfig) {
         *self.families.lock().unwrap_or_else(|e| e.into_inner()) = Some(Families::of(cfg));
+        let follows = cfg.backend_type != "alloc";
+        if !follows && self.follows_others.swap(false, Ordering::Relaxed) {
+            info!(
+                "the alloc backend programs nothing: the other nodes are neither listed nor \
+                 watched"
+            );
+        }
+        self.follows_others.store(follows, Ordering::Relaxed);
     }
 
     /// This node's own annotations, found by its name (its public address may be a user's
