@@ -719,6 +719,16 @@ impl KubeApi {
             .map(|n| (*n).clone())
     }
 
+    /// Every object of `kind` (in `namespace` when given).
+    pub fn list(&self, kind: Kind, namespace: Option<&str>) -> Vec<Value> {
+        self.shared
+            .store()
+            .current(kind, namespace)
+            .iter()
+            .map(|o| (**o).clone())
+            .collect()
+    }
+
     /// How many objects of `kind` there are.
     pub fn count(&self, kind: Kind) -> usize {
         self.shared.store().count(kind)
