@@ -3,10 +3,18 @@
 //! a table of its own, kept equal to what the cluster's objects say by one transaction per
 //! change.
 
+pub mod bridge;
 pub mod compile;
+pub mod daemon;
+pub mod doctor;
+pub mod enforcer;
+pub mod flags;
+pub mod health;
 pub mod kernel;
+pub mod metrics;
 pub mod model;
 pub mod nft;
 pub mod objects;
 pub mod ranges;
 pub mod selector;
+pub mod watch;

@@ -4,17 +4,9 @@
 //! gives it, and a port that is neither a number nor a name is kept as what it is, so that one
 //! odd object is reported, not a failed watch.
 
-use serde::{Deserialize, Deserializer};
+use kube_lite::{null_as_default, Object};
+use serde::Deserialize;
 use std::collections::BTreeMap;
-
-/// For a field the API may send as `null`: its default then.
-fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
-}
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -189,6 +181,18 @@ pub struct Requirement {
     #[serde(default, deserialize_with = "null_as_default")]
     pub values: Vec<String>,
 }
+
+macro_rules! objects {
+    ($($t:ty),*) => {$(
+        impl Object for $t {
+            fn resource_version(&self) -> &str {
+                &self.metadata.resource_version
+            }
+        }
+    )*};
+}
+
+objects!(Namespace, Pod, NetworkPolicy);
 
 impl Pod {
     /// Its addresses: `status.podIPs`, else `status.podIP`, each parsed; unparsable ones left

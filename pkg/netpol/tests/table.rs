@@ -48,7 +48,7 @@ fn read(ns: &TestNs) -> Option<nft::Listing> {
 }
 
 fn write(ns: &TestNs, tx: &str) {
-    ns.run_inside(|| kernel::write(tx)).unwrap()
+    ns.run_inside(|| kernel::write(tx)).unwrap();
 }
 
 #[test]

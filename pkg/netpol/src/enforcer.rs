@@ -1,0 +1,316 @@
+//! The enforcer's state and its pass, level-triggered: the objects as last listed or watched,
+//! what the kernel's table holds (read back, or as last written), and a pass that compiles the
+//! policies, diffs what the table should hold against what it holds and writes the difference
+//! as one transaction. A pass is the same at start, after an event, after someone else changed
+//! the table, and at a resync: an event is only a reason to look again.
+//!
+//! Nothing is written before every kind has been listed once: a restart keeps the table as it
+//! was until the enforcer knows the whole cluster again. While the API server is unreachable
+//! the objects stay as they were, and so does the table.
+
+use crate::compile::{compile, Compiled, Direction, Problem};
+use crate::model::{Namespace, NetworkPolicy, Pod};
+use crate::nft::{desired, transaction, Table};
+use crate::objects::{Change, Objects};
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Instant;
+
+/// One kind's change, as a watch delivers it.
+#[derive(Debug, Clone)]
+pub enum Update {
+    Namespaces(Change<Namespace>),
+    Pods(Change<Pod>),
+    Policies(Change<NetworkPolicy>),
+}
+
+/// The kernel as a pass uses it.
+pub trait Kernel {
+    /// The table as the kernel holds it; None when there is none.
+    fn read(&mut self) -> Result<Option<Table>, String>;
+    /// Applies one transaction; the id of the process that committed it.
+    fn write(&mut self, transaction: &str) -> Result<Option<u32>, String>;
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Lines of the transaction written (0: the table was right).
+    pub wrote: usize,
+    /// Whether the table was read back first.
+    pub read: bool,
+    /// Problems first seen in this pass.
+    pub new_problems: Vec<Problem>,
+}
+
+/// Commits of its own, remembered to tell them from others'.
+const OWN_COMMITS: usize = 32;
+
+pub struct Enforcer {
+    node: String,
+    objects: Objects,
+    /// Which kinds have been listed once: namespaces, pods, policies.
+    listed: [bool; 3],
+    /// What the table holds, as last read or written; None: read it at the next pass.
+    held: Option<Option<Table>>,
+    own_commits: VecDeque<u32>,
+    problems: BTreeSet<Problem>,
+    /// The first change not yet in the kernel.
+    pending_since: Option<Instant>,
+    compiled: Compiled,
+}
+
+impl Enforcer {
+    pub fn new(node: &str) -> Enforcer {
+        Enforcer {
+            node: node.to_string(),
+            objects: Objects::default(),
+            listed: [false; 3],
+            held: None,
+            own_commits: VecDeque::new(),
+            problems: BTreeSet::new(),
+            pending_since: None,
+            compiled: Compiled::default(),
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Takes a change in; whether it changed what is known.
+    pub fn update(&mut self, u: Update, at: Instant) -> bool {
+        let (i, changed) = match u {
+            Update::Namespaces(c) => (0, self.objects.namespaces_changed(c)),
+            Update::Pods(c) => (1, self.objects.pods_changed(c)),
+            Update::Policies(c) => (2, self.objects.policies_changed(c)),
+        };
+        let first_list = !self.listed[i];
+        self.listed[i] = true;
+        if changed || first_list {
+            self.pending_since.get_or_insert(at);
+        }
+        changed || first_list
+    }
+
+    /// Whether every kind has been listed, so that a pass may write.
+    pub fn knows_the_cluster(&self) -> bool {
+        self.listed.iter().all(|l| *l)
+    }
+
+    /// Someone committed a change to the table (`pid`; None: changes may have been missed).
+    /// Whether it was someone else, so that the table must be read again.
+    pub fn committed(&mut self, pid: Option<u32>) -> bool {
+        let foreign = pid.is_none_or(|p| !self.own_commits.contains(&p));
+        if foreign {
+            self.held = None;
+        }
+        foreign
+    }
+
+    /// The table must be read back at the next pass (a resync).
+    pub fn forget_table(&mut self) {
+        self.held = None;
+    }
+
+    /// The last compilation.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+
+    pub fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    /// When the oldest change the kernel does not hold yet came; taken by the caller when a
+    /// pass succeeds.
+    pub fn take_pending_since(&mut self) -> Option<Instant> {
+        self.pending_since.take()
+    }
+
+    /// One pass: compile, diff against the table, write the difference. An error leaves the
+    /// table to be read again at the next pass.
+    pub fn pass(&mut self, kernel: &mut impl Kernel) -> Result<Pass, String> {
+        let mut out = Pass::default();
+        self.compiled = compile(&self.objects, &self.node);
+        let seen: BTreeSet<Problem> = self.compiled.problems.iter().cloned().collect();
+        out.new_problems = seen.difference(&self.problems).cloned().collect();
+        self.problems = seen;
+        let want = desired(&self.compiled);
+        let held = match self.held.take() {
+            Some(h) => h,
+            None => {
+                out.read = true;
+                kernel.read()?
+            }
+        };
+        if let Some(tx) = transaction(&want, held.as_ref()) {
+            out.wrote = tx.lines().count();
+            match kernel.write(&tx) {
+                Ok(pid) => {
+                    if let Some(p) = pid {
+                        self.own_commits.push_back(p);
+                        if self.own_commits.len() > OWN_COMMITS {
+                            self.own_commits.pop_front();
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.held = Some(Some(want));
+        Ok(out)
+    }
+
+    /// Pods isolated per direction, and elements in all allow sets.
+    pub fn sizes(&self) -> Sizes {
+        let mut s = Sizes {
+            local_pods: self.compiled.pods.len(),
+            policies: self.compiled.policies,
+            problems: self.problems.len(),
+            ..Sizes::default()
+        };
+        for p in &self.compiled.pods {
+            for d in Direction::BOTH {
+                if let Some(iso) = p.isolation(d) {
+                    match d {
+                        Direction::Ingress => s.isolated_ingress += 1,
+                        Direction::Egress => s.isolated_egress += 1,
+                    }
+                    s.elements += iso.allowed.values().map(Vec::len).sum::<usize>();
+                }
+            }
+        }
+        s
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sizes {
+    pub policies: usize,
+    pub local_pods: usize,
+    pub isolated_ingress: usize,
+    pub isolated_egress: usize,
+    pub elements: usize,
+    pub problems: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A kernel that keeps the table as the transactions leave it, by the model.
+    #[derive(Default)]
+    struct Fake {
+        table: Option<Table>,
+        reads: usize,
+        writes: Vec<String>,
+        fail: bool,
+    }
+
+    impl Kernel for Fake {
+        fn read(&mut self) -> Result<Option<Table>, String> {
+            self.reads += 1;
+            Ok(self.table.clone())
+        }
+        fn write(&mut self, tx: &str) -> Result<Option<u32>, String> {
+            if self.fail {
+                return Err("nft said no".into());
+            }
+            self.writes.push(tx.to_string());
+            Ok(Some(4242))
+        }
+    }
+
+    fn pod(ns: &str, name: &str, ip: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}"), "labels": {"pod": name}},
+            "spec": {"nodeName": "n1"}, "status": {"podIP": ip}
+        }))
+        .unwrap()
+    }
+
+    fn deny(ns: &str) -> NetworkPolicy {
+        serde_json::from_value(json!({"metadata": {"name": "deny", "namespace": ns},
+            "spec": {"podSelector": {}}}))
+        .unwrap()
+    }
+
+    fn listed(e: &mut Enforcer) {
+        let now = Instant::now();
+        e.update(Update::Namespaces(Change::Listed(vec![])), now);
+        e.update(
+            Update::Pods(Change::Listed(vec![pod("x", "a", "10.0.0.2")])),
+            now,
+        );
+        e.update(Update::Policies(Change::Listed(vec![])), now);
+    }
+
+    #[test]
+    fn nothing_is_written_before_every_kind_is_listed() {
+        let mut e = Enforcer::new("n1");
+        let now = Instant::now();
+        e.update(Update::Pods(Change::Listed(vec![])), now);
+        e.update(Update::Policies(Change::Listed(vec![])), now);
+        assert!(!e.knows_the_cluster());
+        e.update(Update::Namespaces(Change::Listed(vec![])), now);
+        assert!(e.knows_the_cluster());
+    }
+
+    #[test]
+    fn a_pass_reads_once_writes_the_difference_and_its_own_commits_are_its_own() {
+        let mut e = Enforcer::new("n1");
+        let mut k = Fake::default();
+        listed(&mut e);
+        let p = e.pass(&mut k).unwrap();
+        assert!(p.read && p.wrote > 0);
+        k.table = Some(desired(e.compiled()));
+        // Nothing changed: no read, no write.
+        let p = e.pass(&mut k).unwrap();
+        assert_eq!((p.read, p.wrote), (false, 0));
+        assert!(!e.committed(Some(4242)), "its own commit");
+        assert!(e.committed(Some(7)), "another's");
+        let p = e.pass(&mut k).unwrap();
+        assert_eq!((p.read, p.wrote), (true, 0));
+        // A policy: the transaction of the difference, and x/a isolated.
+        e.update(Update::Policies(Change::Applied(deny("x"))), Instant::now());
+        let p = e.pass(&mut k).unwrap();
+        assert!(p.wrote > 0 && !p.read);
+        assert!(k
+            .writes
+            .last()
+            .unwrap()
+            .contains("add chain inet flannel-netpol ingress-u-a"));
+        assert_eq!(e.sizes().isolated_ingress, 1);
+        assert!(e.take_pending_since().is_some());
+        assert!(e.take_pending_since().is_none());
+    }
+
+    #[test]
+    fn a_failed_write_reads_the_table_again_next_time() {
+        let mut e = Enforcer::new("n1");
+        let mut k = Fake {
+            fail: true,
+            ..Fake::default()
+        };
+        listed(&mut e);
+        assert_eq!(e.pass(&mut k).unwrap_err(), "nft said no");
+        k.fail = false;
+        assert!(e.pass(&mut k).unwrap().read);
+        assert_eq!(k.reads, 2);
+    }
+
+    #[test]
+    fn problems_are_told_once() {
+        let mut e = Enforcer::new("n1");
+        let mut k = Fake::default();
+        listed(&mut e);
+        let bad: NetworkPolicy =
+            serde_json::from_value(json!({"metadata": {"name": "bad", "namespace": "x"},
+            "spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "nope"}}]}]}}))
+            .unwrap();
+        e.update(Update::Policies(Change::Applied(bad)), Instant::now());
+        assert_eq!(e.pass(&mut k).unwrap().new_problems.len(), 1);
+        assert!(e.pass(&mut k).unwrap().new_problems.is_empty());
+    }
+}
