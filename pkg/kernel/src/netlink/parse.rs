@@ -80,10 +80,15 @@ pub(super) fn address(m: &AddressMessage) -> Option<AddressInfo> {
             _ => {}
         }
     }
+    let address = IpNetwork::new(ip?, m.header.prefix_len).ok()?;
     Some(AddressInfo {
-        address: IpNetwork::new(ip?, m.header.prefix_len).ok()?,
+        address,
         tentative: flags.contains(AddressFlags::Tentative),
         dad_failed: flags.contains(AddressFlags::Dadfailed),
+        // IFA_F_TEMPORARY is IFA_F_SECONDARY's bit: for IPv4 it means a secondary address.
+        temporary: address.is_ipv6() && flags.contains(AddressFlags::Secondary),
+        deprecated: flags.contains(AddressFlags::Deprecated),
+        permanent: flags.contains(AddressFlags::Permanent),
     })
 }
 

@@ -174,6 +174,12 @@ pub struct AddressInfo {
     pub address: IpNetwork,
     pub tentative: bool,
     pub dad_failed: bool,
+    /// An IPv6 privacy address (RFC 4941), replaced as it ages.
+    pub temporary: bool,
+    /// Past its preferred lifetime: kept for the connections using it, never chosen for new.
+    pub deprecated: bool,
+    /// Added by hand, with no lifetime; false for SLAAC and DHCP addresses.
+    pub permanent: bool,
 }
 
 impl AddressInfo {
