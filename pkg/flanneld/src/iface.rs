@@ -7,6 +7,7 @@
 //! choice is pure; `gather` reads the kernel.
 
 use crate::family::IpFamily;
+use cni_kernel::netlink::AddressInfo;
 use ipnetwork::IpNetwork;
 use regex::Regex;
 use std::fmt;
@@ -158,6 +159,13 @@ pub struct LinkFacts {
     pub name: String,
     pub mtu: u32,
     pub addrs: Vec<IpNetwork>,
+    /// Addresses never taken as the interface's own: IPv6 privacy addresses (replaced under a
+    /// running cluster), deprecated ones, and those whose duplicate address detection is not
+    /// done or failed (flannel-io/flannel#2293, #2295).
+    pub unfit: Vec<IpAddr>,
+    /// Addresses with a lifetime (SLAAC, DHCP): taken after those added by hand, as flanneld
+    /// orders them.
+    pub dynamic: Vec<IpAddr>,
     /// IPv6 is disabled on it (`disable_ipv6`), or the kernel has no IPv6.
     pub ipv6_off: bool,
 }
@@ -291,6 +299,25 @@ impl External {
     pub fn holds(&self, ip: IpAddr) -> bool {
         self.iface_ip(IpFamily::of(ip)) == Some(ip) || self.addrs.iter().any(|a| a.ip() == ip)
     }
+
+    /// This interface as the link of its name is after it was made again (a VLAN or bond
+    /// deleted and added, a driver reloaded): its new index and MTU and the addresses it holds
+    /// now. Its own and public addresses stay, as the lease announces them; those of its own
+    /// the new link does not hold are returned, for a warning.
+    pub fn rebound(&self, index: u32, mtu: u32, addrs: &[IpNetwork]) -> (External, Vec<IpAddr>) {
+        let ext = External {
+            index,
+            mtu,
+            addrs: addrs.iter().filter(|a| usable(a)).copied().collect(),
+            ..self.clone()
+        };
+        let lost = IpFamily::BOTH
+            .into_iter()
+            .filter_map(|f| self.iface_ip(f))
+            .filter(|ip| !addrs.iter().any(|a| a.ip() == *ip))
+            .collect();
+        (ext, lost)
+    }
 }
 
 #[cfg(test)]
@@ -325,13 +352,18 @@ fn usable(a: &IpNetwork) -> bool {
     !a.ip().is_loopback() && !is_link_local(a.ip())
 }
 
-/// The link's usable addresses of one family, in the kernel's order.
+/// The link's usable addresses of one family, those added by hand first, else in the kernel's
+/// order.
 fn usable_of(l: &LinkFacts, family: IpFamily) -> impl Iterator<Item = IpAddr> + '_ {
-    l.addrs
+    let mut found: Vec<IpAddr> = l
+        .addrs
         .iter()
-        .filter(|a| usable(a))
+        .filter(|a| usable(a) && !l.unfit.contains(&a.ip()))
         .map(|a| a.ip())
-        .filter(move |ip| IpFamily::of(*ip) == family)
+        .filter(|ip| IpFamily::of(*ip) == family)
+        .collect();
+    found.sort_by_key(|ip| l.dynamic.contains(ip));
+    found.into_iter()
 }
 
 /// The route a packet to `dst` takes: the longest matching prefix.
@@ -421,12 +453,9 @@ fn by_route<'a>(links: &'a [LinkFacts], routes: &[Route], dst: IpAddr) -> Result
         .and_then(|i| links.iter().find(|l| l.index == i))
         .map(|link| Found {
             link,
-            by: link
-                .addrs
-                .iter()
-                .filter(|a| usable(a) && a.contains(dst))
-                .map(|a| a.ip())
-                .take(1)
+            by: usable_of(link, IpFamily::of(dst))
+                .find(|ip| link.addrs.iter().any(|a| a.ip() == *ip && a.contains(dst)))
+                .into_iter()
                 .collect(),
         })
         .ok_or(Unfit::NoRoute)
@@ -550,9 +579,19 @@ pub fn gather() -> Result<Interfaces, cni_kernel::Error> {
     let mut links = Vec::new();
     for l in nl.links()? {
         let disable_ipv6 = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", l.name);
+        let infos = nl.address_infos(l.index)?;
+        let ips = |keep: fn(&AddressInfo) -> bool| -> Vec<IpAddr> {
+            infos
+                .iter()
+                .filter(|a| keep(a))
+                .map(|a| a.address.ip())
+                .collect()
+        };
         links.push(LinkFacts {
             index: l.index,
-            addrs: nl.addresses(l.index)?,
+            addrs: infos.iter().map(|a| a.address).collect(),
+            unfit: ips(|a| a.temporary || a.deprecated || a.tentative || a.dad_failed),
+            dynamic: ips(|a| !a.permanent),
             ipv6_off: std::fs::read_to_string(disable_ipv6).map_or(true, |v| v.trim() != "0"),
             name: l.name,
             mtu: l.mtu.unwrap_or(1500),
@@ -583,6 +622,8 @@ mod tests {
             name: name.into(),
             mtu,
             addrs: addrs.iter().map(|a| net(a)).collect(),
+            unfit: Vec::new(),
+            dynamic: Vec::new(),
             ipv6_off: false,
         }
     }
@@ -954,6 +995,67 @@ mod tests {
             ..v4()
         };
         assert_eq!(ok(&w).name, "eth0");
+    }
+
+    #[test]
+    fn an_interface_made_again_keeps_its_addresses_with_its_new_index() {
+        let old = External::example();
+        let (ext, lost) = old.rebound(7, 9000, &[net("192.168.0.1/24"), net("fe80::1/64")]);
+        assert_eq!((ext.index, ext.mtu, ext.name.as_str()), (7, 9000, "eth0"));
+        assert_eq!(ext.addrs, vec![net("192.168.0.1/24")]);
+        assert_eq!(
+            (ext.public_ip, ext.iface_ipv6),
+            (old.public_ip, old.iface_ipv6)
+        );
+        assert_eq!(lost, vec![ip("fd00::1")]);
+    }
+
+    #[test]
+    fn privacy_deprecated_and_tentative_addresses_are_never_taken_hand_made_ones_first() {
+        // The kernel lists the privacy address first, as it does once one is made.
+        let mut eth0 = link(
+            2,
+            "eth0",
+            1500,
+            &[
+                "fd00::7:1/64",
+                "fd00::de:1/64",
+                "fd00::7e:1/64",
+                "fd00::5/64",
+                "fd00::9/64",
+                "192.168.0.9/24",
+            ],
+        );
+        eth0.unfit = ["fd00::7:1", "fd00::de:1", "fd00::7e:1"].map(ip).to_vec();
+        eth0.dynamic = ["fd00::7:1", "fd00::de:1", "fd00::5"].map(ip).to_vec();
+        let routes = vec![Route {
+            dst: net("::/0"),
+            oif: Some(2),
+        }];
+        let found = |w: &Wanted| choose(&[eth0.clone()], &routes, w).unwrap();
+        // The stable one added by hand, ahead of the stable SLAAC one the kernel lists first.
+        assert_eq!(found(&v6()).public_ipv6, "fd00::9".parse().ok());
+        let regex = Wanted {
+            iface_regex: vec![Regex::new("^fd00::").unwrap()],
+            ..v6()
+        };
+        assert_eq!(found(&regex).iface_ipv6, "fd00::9".parse().ok());
+        let reach = Wanted {
+            iface_can_reach: Some(ip("fd00::1")),
+            ..v6()
+        };
+        assert_eq!(found(&reach).iface_ipv6, "fd00::9".parse().ok());
+        // An address asked for by name is taken whatever its state.
+        let asked = Wanted {
+            iface: vec!["fd00::7:1".into()],
+            ..v6()
+        };
+        assert_eq!(found(&asked).public_ipv6, "fd00::7:1".parse().ok());
+        // With only unfit ones there is none to take.
+        let unfit = eth0.unfit.clone();
+        eth0.addrs
+            .retain(|a| unfit.contains(&a.ip()) || a.is_ipv4());
+        assert!(choose(&[eth0], &routes, &v6()).is_err());
     }
 
     #[test]
