@@ -15,6 +15,7 @@ use crate::masq::{MasqOptions, MasqSpec};
 use cni_kernel::firewall::{self, Installed};
 use cni_kernel::netlink::{Route, MAIN_TABLE};
 use ipnetwork::IpNetwork;
+use serde_json::value::RawValue;
 use std::collections::HashSet;
 use std::sync::Arc;
 use subnetenv::SubnetEnv;
@@ -101,6 +102,8 @@ pub struct DeviceSpec {
     /// This node's subnet's network address as a host address, so that the node answers for
     /// its subnet on the overlay; None before the lease is taken.
     pub address: Option<IpNetwork>,
+    /// The identity this node's lease announces for it (its backend data of the family).
+    pub announced: Option<Box<RawValue>>,
 }
 
 /// What the other nodes' leases call for.
@@ -180,6 +183,7 @@ impl NodeSpec {
                             .key
                             .subnet(family)
                             .and_then(|s| IpNetwork::new(s.network(), family.host_prefix()).ok()),
+                        announced: announced.map(ToOwned::to_owned),
                     });
                 Some(FamilySpec {
                     family,
@@ -233,6 +237,29 @@ impl DeviceIndex {
 }
 
 impl DatapathSpec {
+    /// This datapath over the external interface `ext` (the same one made again): its devices
+    /// as the backend wants them over it, with the identities the lease announces.
+    pub fn over(&self, ext: External) -> DatapathSpec {
+        let families = self
+            .families
+            .iter()
+            .map(|f| FamilySpec {
+                device: f.device.as_ref().and_then(|d| {
+                    let dev = self
+                        .backend
+                        .device(f.family, &ext, d.announced.as_deref())?;
+                    Some(DeviceSpec { dev, ..d.clone() })
+                }),
+                ..f.clone()
+            })
+            .collect();
+        DatapathSpec {
+            ext,
+            families,
+            ..self.clone()
+        }
+    }
+
     /// The entries the other nodes' leases call for, with this node's devices at `devs`; the
     /// ids of nexthops another program holds (`taken`) are left to it.
     pub fn desired<'a>(

@@ -905,19 +905,9 @@ impl Cluster {
         let index = self.nodes.iter().map(|n| n.index).max().unwrap_or(0) + 1;
         assert!(index < UNDERLAY_HOST, "too many nodes");
         let ns = TestNs::new(&format!("{}n{index}", self.prefix));
-        self.plug(&format!("n{index}"), &ns, "eth0");
+        self.wire_eth0(&ns, index);
         let addr = |f| self.families.address(f, self.net, index);
         let (ip4, ip6) = (addr(Family::V4), addr(Family::V6));
-        for a in ip4.iter().chain(&ip6) {
-            add_address(&ns, a, "eth0");
-        }
-        ns.ip(&["link", "set", "eth0", "up"]);
-        for f in Family::BOTH {
-            if let Some(gw) = self.outside(f) {
-                let family = if f == Family::V6 { "-6" } else { "-4" };
-                ns.ip(&[family, "route", "add", "default", "via", &gw, "dev", "eth0"]);
-            }
-        }
         ns.run(
             "sysctl",
             &[
@@ -953,6 +943,31 @@ impl Cluster {
             self.create_kube_node(index, true);
         }
         index
+    }
+
+    /// Node `index`'s `eth0` on the underlay: its addresses, up, the default routes.
+    fn wire_eth0(&self, ns: &TestNs, index: u8) {
+        self.plug(&format!("n{index}"), ns, "eth0");
+        for f in Family::BOTH {
+            if let Some(a) = self.families.address(f, self.net, index) {
+                add_address(ns, &a, "eth0");
+            }
+        }
+        ns.ip(&["link", "set", "eth0", "up"]);
+        for f in Family::BOTH {
+            if let Some(gw) = self.outside(f) {
+                let family = if f == Family::V6 { "-6" } else { "-4" };
+                ns.ip(&[family, "route", "add", "default", "via", &gw, "dev", "eth0"]);
+            }
+        }
+    }
+
+    /// Deletes node `index`'s `eth0` and makes it again as it was (a new index), as a VLAN or
+    /// bond taken down and up, or a NIC driver reloaded, does.
+    pub fn remake_eth0(&self, index: u8) {
+        let ns = &self.node(index).ns;
+        ns.ip(&["link", "del", "eth0"]);
+        self.wire_eth0(ns, index);
     }
 
     /// The arguments flanneld gets on node `index`, before `extra`.

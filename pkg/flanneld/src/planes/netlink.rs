@@ -26,6 +26,9 @@ use tracing::{debug, error, info, warn};
 /// How often the datapath is looked at when nothing asks for it.
 pub const RESYNC: Duration = Duration::from_secs(10);
 
+/// How long the external interface, made again, may lack its addresses before a warning.
+const LACKING_WARNING: Duration = Duration::from_secs(5);
+
 /// The route style this node uses, and why, as the first log lines say it: through nexthop
 /// objects unless `wanted` is false (`--nexthops=false`) or the kernel has none (before 5.3).
 /// Asked once, at start.
@@ -100,6 +103,9 @@ pub struct NetlinkPlane {
     devs: DeviceIndex,
     /// The leases outside the network last said so, so that each is said once.
     outside: HashSet<SubnetKey>,
+    /// The external interface's link made again, not yet holding its addresses: its index,
+    /// since when, and whether that was warned of.
+    returning: Option<(u32, Instant, bool)>,
 }
 
 /// One device as the plan found it.
@@ -238,7 +244,52 @@ impl NetlinkPlane {
             spec,
             devs: DeviceIndex::default(),
             outside: HashSet::new(),
+            returning: None,
         }
+    }
+
+    /// Follows the external interface by its name when it was made again with another index
+    /// (a VLAN or bond deleted and added, a driver reloaded; the kernel deleted the devices on
+    /// top of it): once the new link holds the addresses the lease announces, the devices and
+    /// entries are planned over it. Until then nothing changes; a link that goes on lacking
+    /// them is warned of once.
+    async fn follow_external(&mut self) -> cni_kernel::Result<()> {
+        let ext = &self.spec.ext;
+        let Some(link) = self.conn.link_by_name(&ext.name).await? else {
+            return Ok(());
+        };
+        if link.index == ext.index {
+            self.returning = None;
+            return Ok(());
+        }
+        let addrs = self.conn.addresses(link.index).await?;
+        let mtu = link.mtu.unwrap_or(ext.mtu);
+        let (ext, lost) = ext.rebound(link.index, mtu, &addrs);
+        if !lost.is_empty() {
+            if self.returning.is_none_or(|(i, ..)| i != link.index) {
+                self.returning = Some((link.index, Instant::now(), false));
+            }
+            if let Some((_, since, warned @ false)) = &mut self.returning {
+                if since.elapsed() >= LACKING_WARNING {
+                    *warned = true;
+                    let lost: Vec<String> = lost.iter().map(|ip| ip.to_string()).collect();
+                    warn!(
+                        "external interface {} is back with index {} but without {}, which the lease announces: waiting for it (a new address needs a restart of flanneld)",
+                        ext.name,
+                        ext.index,
+                        lost.join(" ")
+                    );
+                }
+            }
+            return Ok(());
+        }
+        info!(
+            "external interface {} is back with index {} (was {}): the datapath follows it",
+            ext.name, ext.index, self.spec.ext.index
+        );
+        self.returning = None;
+        self.spec = self.spec.over(ext);
+        Ok(())
     }
 
     /// Each device of the spec against the kernel's link of its name, and what that holds.
@@ -499,7 +550,11 @@ impl Plane for NetlinkPlane {
     }
 
     fn concerns(&self, ev: &NlEvent) -> bool {
-        let ours = |i: u32| i == self.spec.ext.index || self.devs.contains(i);
+        let ours = |i: u32| {
+            i == self.spec.ext.index
+                || self.devs.contains(i)
+                || self.returning.is_some_and(|(r, ..)| r == i)
+        };
         let device_named = |name: &str| {
             self.spec
                 .families
@@ -508,7 +563,9 @@ impl Plane for NetlinkPlane {
                 .any(|d| d.dev.name() == name)
         };
         match ev {
-            NlEvent::Link { link, .. } => ours(link.index) || device_named(&link.name),
+            NlEvent::Link { link, .. } => {
+                ours(link.index) || device_named(&link.name) || link.name == self.spec.ext.name
+            }
             NlEvent::Address { index, .. } => ours(*index),
             NlEvent::Route { route, .. } => {
                 self.spec.owns_route(&self.devs, route) || route.oif.is_some_and(ours)
@@ -525,6 +582,7 @@ impl Plane for NetlinkPlane {
     /// The devices, then, with the leases known, every entry they call for.
     async fn plan(&mut self, others: &Others) -> Result<DatapathPlan, PassError> {
         let started = Instant::now();
+        self.follow_external().await?;
         let devices = self.look_at_devices().await?;
         let names = self.hold(&devices);
         let entries = match others.leases() {
