@@ -123,6 +123,9 @@ pub async fn run(flags: &Flags, node: String, client: kube_lite::KubeClient) -> 
                     Heard::Update(u, at) => {
                         if e.update(*u, at) {
                             touch(&mut settle);
+                        } else if settle.is_none() && announced {
+                            // Nothing to write for it, nothing else pending: the kernel holds it.
+                            METRICS.applied_version.store(e.seen_version(), Relaxed);
                         }
                     }
                     Heard::Commit(pid) => {
@@ -152,6 +155,7 @@ pub async fn run(flags: &Flags, node: String, client: kube_lite::KubeClient) -> 
                     );
                     announced = true;
                 }
+                let version = e.seen_version();
                 let (e, result) = tokio::task::spawn_blocking(move || {
                     let r = e.pass(&mut Nft);
                     (e, r)
@@ -163,6 +167,7 @@ pub async fn run(flags: &Flags, node: String, client: kube_lite::KubeClient) -> 
                 match result {
                     Ok(pass) => {
                         said(&pass, e, repair && pass.read);
+                        METRICS.applied_version.store(version, Relaxed);
                         repair = false;
                         if let Some(t) = e.take_pending_since() {
                             METRICS.event_applied(t.elapsed());

@@ -56,6 +56,8 @@ pub struct Enforcer {
     problems: BTreeSet<Problem>,
     /// The first change not yet in the kernel.
     pending_since: Option<Instant>,
+    /// The highest resourceVersion of the objects heard of (0 while none was a number).
+    seen_version: u64,
     compiled: Compiled,
 }
 
@@ -69,6 +71,7 @@ impl Enforcer {
             own_commits: VecDeque::new(),
             problems: BTreeSet::new(),
             pending_since: None,
+            seen_version: 0,
             compiled: Compiled::default(),
         }
     }
@@ -78,7 +81,10 @@ impl Enforcer {
     }
 
     /// Takes a change in; whether it changed what is known.
-    pub fn update(&mut self, u: Update, at: Instant) -> bool {
+    pub fn update(&mut self, mut u: Update, at: Instant) -> bool {
+        self.seen_version = self.seen_version.max(highest_version(&u));
+        // A change of nothing the policies read (a pod's status heartbeat) is no change.
+        strip_versions(&mut u);
         let (i, changed) = match u {
             Update::Namespaces(c) => (0, self.objects.namespaces_changed(c)),
             Update::Pods(c) => (1, self.objects.pods_changed(c)),
@@ -110,6 +116,13 @@ impl Enforcer {
     /// The table must be read back at the next pass (a resync).
     pub fn forget_table(&mut self) {
         self.held = None;
+    }
+
+    /// The highest resourceVersion heard of: once a pass that started after it succeeds, the
+    /// kernel holds what every change up to it says. (resourceVersions are opaque to clients;
+    /// the API server's are etcd's revisions, numbers, and this is for tests and operators.)
+    pub fn seen_version(&self) -> u64 {
+        self.seen_version
     }
 
     /// The last compilation.
@@ -181,6 +194,42 @@ impl Enforcer {
             }
         }
         s
+    }
+}
+
+fn version(meta: &crate::model::Meta) -> u64 {
+    meta.resource_version.parse().unwrap_or(0)
+}
+
+fn highest<T>(c: &Change<T>, meta: impl Fn(&T) -> &crate::model::Meta) -> u64 {
+    match c {
+        Change::Listed(items) => items.iter().map(|o| version(meta(o))).max().unwrap_or(0),
+        Change::Applied(o) | Change::Deleted(o) => version(meta(o)),
+    }
+}
+
+fn strip<T>(c: &mut Change<T>, meta: impl Fn(&mut T) -> &mut crate::model::Meta) {
+    match c {
+        Change::Listed(items) => items
+            .iter_mut()
+            .for_each(|o| meta(o).resource_version.clear()),
+        Change::Applied(o) | Change::Deleted(o) => meta(o).resource_version.clear(),
+    }
+}
+
+fn strip_versions(u: &mut Update) {
+    match u {
+        Update::Namespaces(c) => strip(c, |o| &mut o.metadata),
+        Update::Pods(c) => strip(c, |o| &mut o.metadata),
+        Update::Policies(c) => strip(c, |o| &mut o.metadata),
+    }
+}
+
+fn highest_version(u: &Update) -> u64 {
+    match u {
+        Update::Namespaces(c) => highest(c, |o| &o.metadata),
+        Update::Pods(c) => highest(c, |o| &o.metadata),
+        Update::Policies(c) => highest(c, |o| &o.metadata),
     }
 }
 
@@ -284,6 +333,18 @@ mod tests {
         assert_eq!(e.sizes().isolated_ingress, 1);
         assert!(e.take_pending_since().is_some());
         assert!(e.take_pending_since().is_none());
+    }
+
+    #[test]
+    fn a_new_version_of_what_the_policies_read_alone_is_no_change() {
+        let mut e = Enforcer::new("n1");
+        listed(&mut e);
+        let mut a = pod("x", "a", "10.0.0.2");
+        a.metadata.resource_version = "1007".into();
+        assert!(!e.update(Update::Pods(Change::Applied(a.clone())), Instant::now()));
+        assert_eq!(e.seen_version(), 1007);
+        a.metadata.labels.insert("role".into(), "db".into());
+        assert!(e.update(Update::Pods(Change::Applied(a)), Instant::now()));
     }
 
     #[test]

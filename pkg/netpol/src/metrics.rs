@@ -25,6 +25,8 @@ pub struct Metrics {
     pub api_errors: AtomicU64,
     /// 1 while every watch runs, 0 while one fails.
     pub api_up: AtomicU64,
+    /// The highest resourceVersion whose consequences the kernel holds.
+    pub applied_version: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_micros: AtomicU64,
@@ -43,6 +45,7 @@ pub static METRICS: Metrics = Metrics {
     write_errors: AtomicU64::new(0),
     api_errors: AtomicU64::new(0),
     api_up: AtomicU64::new(0),
+    applied_version: AtomicU64::new(0),
     latency_buckets: [const { AtomicU64::new(0) }; BUCKETS.len()],
     latency_count: AtomicU64::new(0),
     latency_micros: AtomicU64::new(0),
@@ -163,6 +166,9 @@ impl Metrics {
             "1 while the watches of namespaces, pods and policies run.",
             &[("", g(&self.api_up))],
         );
+        family(&mut out, "flannel_netpol_applied_resource_version", "gauge",
+            "The highest resourceVersion of a namespace, pod or policy whose consequences the kernel holds.",
+            &[("", g(&self.applied_version))]);
         let name = "flannel_netpol_event_to_kernel_seconds";
         let _ = writeln!(
             out,
