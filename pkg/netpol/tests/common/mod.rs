@@ -71,7 +71,7 @@ pub struct World {
     /// Model pod ("x/a") to its place in the cluster's pods.
     pub pods: BTreeMap<&'static str, usize>,
     pub families: Vec<Family>,
-    enforcers: BTreeMap<u8, Daemon>,
+    enforcers: std::sync::Mutex<BTreeMap<u8, Daemon>>,
     kubeconfig: PathBuf,
     servers: Vec<Servers>,
     logs: tempfile::TempDir,
@@ -169,7 +169,7 @@ impl World {
             cluster,
             pods,
             families,
-            enforcers: BTreeMap::new(),
+            enforcers: Default::default(),
             kubeconfig,
             servers,
             logs: tempfile::tempdir().expect("a temporary directory"),
@@ -181,6 +181,11 @@ impl World {
             w.wait_log(n, "table inet flannel-netpol:");
         }
         w
+    }
+
+    /// The enforcers' kubeconfig.
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
     }
 
     pub fn log_file(&self, node: u8) -> PathBuf {
@@ -205,8 +210,8 @@ impl World {
     }
 
     /// Starts node `node`'s enforcer (a running one is killed first), logging to its file.
-    pub fn start_enforcer(&mut self, node: u8) {
-        self.enforcers.remove(&node);
+    pub fn start_enforcer(&self, node: u8) {
+        self.enforcers.lock().unwrap().remove(&node);
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -224,12 +229,16 @@ impl World {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {NETPOL} on node {node}: {e}"));
-        self.enforcers.insert(node, Daemon(Some(child)));
+        self.enforcers
+            .lock()
+            .unwrap()
+            .insert(node, Daemon(Some(child)));
     }
 
     /// Stops node `node`'s enforcer with SIGTERM and waits for it.
-    pub fn terminate_enforcer(&mut self, node: u8) {
-        if let Some(mut d) = self.enforcers.remove(&node) {
+    pub fn terminate_enforcer(&self, node: u8) {
+        let d = self.enforcers.lock().unwrap().remove(&node);
+        if let Some(mut d) = d {
             if let Some(c) = d.0.as_mut() {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(c.id() as i32),
@@ -270,7 +279,8 @@ impl World {
     /// Waits until every running enforcer's kernel holds what the changes up to
     /// resourceVersion `rv` say.
     pub fn settle(&self, rv: u64) {
-        for &n in self.enforcers.keys() {
+        let running: Vec<u8> = self.enforcers.lock().unwrap().keys().copied().collect();
+        for n in running {
             wait_for(
                 &format!("node {n}'s flannel-netpol to apply resourceVersion {rv}"),
                 T,
