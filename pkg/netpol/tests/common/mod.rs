@@ -165,7 +165,7 @@ impl World {
                 Some(NETPOL_RULES),
             )
             .kubeconfig;
-        let mut w = World {
+        let w = World {
             cluster,
             pods,
             families,
