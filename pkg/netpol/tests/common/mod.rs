@@ -94,6 +94,18 @@ impl World {
     /// The world on a new cluster (`net`: the test's own 192.168.<net>.0/24 and 10.<net>/16),
     /// with `backend` (net-conf.json's Backend) on `underlay`, flanneld started with `extra`.
     pub fn new(prefix: &str, net: u8, backend: &str, underlay: Underlay, extra: &[&str]) -> World {
+        World::prepared(prefix, net, backend, underlay, extra, |_| {})
+    }
+
+    /// As `new`, with `prepare` given the cluster before flanneld starts on it.
+    pub fn prepared(
+        prefix: &str,
+        net: u8,
+        backend: &str,
+        underlay: Underlay,
+        extra: &[&str],
+        prepare: impl FnOnce(&mut Cluster),
+    ) -> World {
         let conf = match underlay {
             Underlay::V4 => format!(r#"{{"Network":"10.{net}.0.0/16","Backend":{backend}}}"#),
             _ => format!(
@@ -101,6 +113,7 @@ impl World {
             ),
         };
         let mut cluster = Cluster::on(underlay, prefix, net, 3, Registry::Kube, &conf);
+        prepare(&mut cluster);
         let mut args = vec!["--ip-masq"];
         args.extend_from_slice(extra);
         for n in 1..=3 {
