@@ -29,6 +29,8 @@ pub enum Action {
 pub struct Plan {
     /// Leases of this node that no longer fit the config: delete them first.
     pub stale: Vec<SubnetKey>,
+    /// Reservations of this node that do not fit the config: an operator's, left as they are.
+    pub kept: Vec<SubnetKey>,
     pub action: Action,
 }
 
@@ -185,23 +187,26 @@ fn free(min: u128, max: u128, bits: u32, used: &Taken, limit: usize) -> Vec<u128
 
 /// Decides the node's subnet: its own earlier lease if it still fits, else the subnet of the
 /// previous subnet.env if nobody holds it, else a random one among the first free ones.
+/// Of `reserved` (leases an operator wrote to last), none is ever deleted or free.
 /// `pick(n)` returns an index below n.
 pub fn choose(
     cfg: &NetConfig,
     leases: &[Lease],
+    reserved: &[SubnetKey],
     node: &Node,
     previous: Option<SubnetKey>,
     pick: &mut dyn FnMut(usize) -> usize,
 ) -> Result<Plan, OutOfSubnets> {
     let mine: Vec<&Lease> = leases.iter().filter(|l| is_mine(cfg, node, l)).collect();
-    let stale: Vec<SubnetKey> = mine
+    let (kept, stale): (Vec<SubnetKey>, Vec<SubnetKey>) = mine
         .iter()
         .filter(|l| !fits(cfg, &l.key))
         .map(|l| l.key)
-        .collect();
+        .partition(|k| reserved.contains(k));
     if let Some(own) = mine.iter().find(|l| fits(cfg, &l.key)) {
         return Ok(Plan {
             stale,
+            kept,
             action: Action::Reuse(own.key),
         });
     }
@@ -227,6 +232,7 @@ pub fn choose(
         if free {
             return Ok(Plan {
                 stale,
+                kept,
                 action: Action::Create(prev),
             });
         }
@@ -249,6 +255,7 @@ pub fn choose(
     }
     Ok(Plan {
         stale,
+        kept,
         action: Action::Create(key),
     })
 }
@@ -294,7 +301,7 @@ mod tests {
             lease("10.5.7.0-24", "192.168.0.1"),
             lease("10.5.9.0-24", "192.168.0.9"),
         ];
-        let plan = choose(&c, &leases, &me(), None, &mut first).unwrap();
+        let plan = choose(&c, &leases, &[], &me(), None, &mut first).unwrap();
         assert_eq!(
             plan.action,
             Action::Reuse(SubnetKey::parse("10.5.9.0-24").unwrap())
@@ -306,7 +313,7 @@ mod tests {
     fn a_lease_of_this_node_that_no_longer_fits_is_deleted_and_replaced() {
         let c = cfg(r#"{"Network":"10.5.0.0/16","SubnetLen":25}"#);
         let leases = [lease("10.5.1.0-24", "192.168.0.9")];
-        let plan = choose(&c, &leases, &me(), None, &mut first).unwrap();
+        let plan = choose(&c, &leases, &[], &me(), None, &mut first).unwrap();
         assert_eq!(plan.stale, vec![SubnetKey::parse("10.5.1.0-24").unwrap()]);
         // Its subnet is free again once it is deleted.
         assert_eq!(
@@ -328,19 +335,19 @@ mod tests {
         let mut all = |n: usize| n - 1;
         // SubnetMin is 10.5.0.128, the second /25; then 10.5.3.128 is the next free one.
         let mut second = |_: usize| 1;
-        let plan = choose(&c, &held, &me(), None, &mut second).unwrap();
+        let plan = choose(&c, &held, &[], &me(), None, &mut second).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.3.128-25").unwrap())
         );
         // Of the first 100 free /25s, none is inside 10.5.1.0/24 or 10.5.2.0/24.
-        let plan = choose(&c, &held, &me(), None, &mut all).unwrap();
+        let plan = choose(&c, &held, &[], &me(), None, &mut all).unwrap();
         let Action::Create(last) = plan.action else {
             panic!("{plan:?}")
         };
         assert_eq!(last, SubnetKey::parse("10.5.52.128-25").unwrap());
         let prev = SubnetKey::parse("10.5.2.128-25").ok();
-        let plan = choose(&c, &held, &me(), prev, &mut first).unwrap();
+        let plan = choose(&c, &held, &[], &me(), prev, &mut first).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.0.128-25").unwrap())
@@ -350,6 +357,7 @@ mod tests {
         let plan = choose(
             &c,
             &[lease("10.5.0.0-23", "192.168.0.1")],
+            &[],
             &me(),
             None,
             &mut first,
@@ -362,12 +370,36 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_that_no_longer_fits_is_kept_and_never_free() {
+        let c = cfg(r#"{"Network":"10.5.0.0/16","SubnetLen":25}"#);
+        let leases = [lease("10.5.0.0-24", "192.168.0.9")];
+        let reserved = [SubnetKey::parse("10.5.0.0-24").unwrap()];
+        let plan = choose(&c, &leases, &reserved, &me(), None, &mut first).unwrap();
+        assert!(plan.stale.is_empty(), "never deleted");
+        assert_eq!(plan.kept, reserved);
+        // Neither half of it is handed out.
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.1.0-25").unwrap())
+        );
+        // Another node's reservation is no more free than its lease.
+        let theirs = [lease("10.5.0.0-25", "192.168.0.1")];
+        let reserved = [SubnetKey::parse("10.5.0.0-25").unwrap()];
+        let plan = choose(&c, &theirs, &reserved, &me(), None, &mut first).unwrap();
+        assert_eq!(
+            plan.action,
+            Action::Create(SubnetKey::parse("10.5.0.128-25").unwrap())
+        );
+    }
+
+    #[test]
     fn the_previous_subnet_is_taken_again_when_free() {
         let c = cfg(r#"{"Network":"10.5.0.0/16"}"#);
         let prev = SubnetKey::parse("10.5.77.0-24").ok();
         let plan = choose(
             &c,
             &[lease("10.5.1.0-24", "192.168.0.1")],
+            &[],
             &me(),
             prev,
             &mut first,
@@ -378,6 +410,7 @@ mod tests {
         let plan = choose(
             &c,
             &[lease("10.5.77.0-24", "192.168.0.1")],
+            &[],
             &me(),
             prev,
             &mut first,
@@ -389,7 +422,7 @@ mod tests {
         );
         // Outside the config: ignored.
         let prev = SubnetKey::parse("10.9.77.0-24").ok();
-        let plan = choose(&c, &[], &me(), prev, &mut first).unwrap();
+        let plan = choose(&c, &[], &[], &me(), prev, &mut first).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.1.0-24").unwrap())
@@ -404,7 +437,7 @@ mod tests {
             lease("10.5.3.0-24", "192.168.0.3"),
         ];
         let mut seen = 0;
-        let plan = choose(&c, &leases, &me(), None, &mut |n| {
+        let plan = choose(&c, &leases, &[], &me(), None, &mut |n| {
             seen = n;
             n - 1
         })
@@ -415,7 +448,7 @@ mod tests {
             plan.action,
             Action::Create(SubnetKey::parse("10.5.102.0-24").unwrap())
         );
-        let plan = choose(&c, &leases, &me(), None, &mut |_| 1).unwrap();
+        let plan = choose(&c, &leases, &[], &me(), None, &mut |_| 1).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.4.0-24").unwrap())
@@ -429,9 +462,9 @@ mod tests {
             lease("10.5.1.0-24", "192.168.0.1"),
             lease("10.5.2.0-24", "192.168.0.2"),
         ];
-        let e = choose(&c, &leases, &me(), None, &mut first).unwrap_err();
+        let e = choose(&c, &leases, &[], &me(), None, &mut first).unwrap_err();
         assert!(e.to_string().contains("out of IPv4 subnets"), "{e}");
-        let plan = choose(&c, &leases[..1], &me(), None, &mut first).unwrap();
+        let plan = choose(&c, &leases[..1], &[], &me(), None, &mut first).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.2.0-24").unwrap())
@@ -449,7 +482,7 @@ mod tests {
             key: SubnetKey::parse("10.5.1.0-24&fc00:0:0:1::-64").unwrap(),
             ..lease("10.5.1.0-24", "192.168.0.1")
         }];
-        let plan = choose(&c, &leases, &node, None, &mut first).unwrap();
+        let plan = choose(&c, &leases, &[], &node, None, &mut first).unwrap();
         assert_eq!(
             plan.action,
             Action::Create(SubnetKey::parse("10.5.2.0-24&fc00:0:0:2::-64").unwrap())
@@ -458,6 +491,7 @@ mod tests {
         let plan = choose(
             &c,
             &[lease("10.5.9.0-24", "192.168.0.9")],
+            &[],
             &node,
             None,
             &mut first,

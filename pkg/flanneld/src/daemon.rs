@@ -321,6 +321,7 @@ mod tests {
                     entries,
                     bad: Vec::new(),
                     revision: 7,
+                    reserved: Vec::new(),
                 })
             })
         }

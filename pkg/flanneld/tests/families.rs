@@ -48,7 +48,7 @@ fn first_key(cfg: &NetConfig) -> SubnetKey {
         public_ip: "192.168.0.1".parse().ok(),
         public_ipv6: "fd00::1".parse().ok(),
     };
-    let plan = alloc::choose(cfg, &[], &node, None, &mut |_| 0).expect("a free subnet");
+    let plan = alloc::choose(cfg, &[], &[], &node, None, &mut |_| 0).expect("a free subnet");
     match plan.action {
         Action::Create(k) => k,
         other => panic!("{other:?}"),

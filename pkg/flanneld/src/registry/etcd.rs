@@ -327,10 +327,17 @@ impl EtcdRegistry {
                 value: kv.value().to_vec(),
             })
             .collect();
+        let reserved = resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() == 0)
+            .map(|kv| lease_name(&prefix, kv.key()))
+            .collect();
         Ok(Listing {
             entries,
             bad: Vec::new(),
             revision,
+            reserved,
         })
     }
 

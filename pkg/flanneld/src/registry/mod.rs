@@ -43,6 +43,9 @@ pub struct Listing {
     pub bad: Vec<BadEntry>,
     /// Where a watch continues from (etcd's revision; 0 where there is none).
     pub revision: i64,
+    /// The entries that never expire because an operator wrote them so (etcd keys without an
+    /// etcd lease: reservations), by key; never deleted, never free, kept without expiry.
+    pub reserved: Vec<String>,
 }
 
 /// What a watch reports.
@@ -430,9 +433,19 @@ pub async fn choose_and_create<R: KeyValue>(reg: &R, req: &LeaseRequest<'_>) -> 
     loop {
         let listing = list_until_ok(reg).await;
         let leases = decoded(&listing, &KeyValue::describe(reg));
-        let plan = match alloc::choose(req.config, &leases, &req.node, req.previous, &mut |n| {
-            fastrand::usize(..n)
-        }) {
+        let reserved: Vec<SubnetKey> = listing
+            .reserved
+            .iter()
+            .filter_map(|k| SubnetKey::parse(k).ok())
+            .collect();
+        let plan = match alloc::choose(
+            req.config,
+            &leases,
+            &reserved,
+            &req.node,
+            req.previous,
+            &mut |n| fastrand::usize(..n),
+        ) {
             Ok(p) => p,
             Err(e) => {
                 error!("{e}; retrying in 5 s");
@@ -446,8 +459,16 @@ pub async fn choose_and_create<R: KeyValue>(reg: &R, req: &LeaseRequest<'_>) -> 
                 warn!("deleting lease {stale}: {e}");
             }
         }
+        for kept in &plan.kept {
+            warn!("this node's reservation {kept} does not fit the network config: left as it is");
+        }
         let (key, result) = match plan.action {
-            Action::Reuse(k) => (k, reg.put(&k, &value, req.ttl).await),
+            Action::Reuse(k) => {
+                if reserved.contains(&k) {
+                    info!("subnet {k} is reserved for this node (no etcd lease): it stays a reservation");
+                }
+                (k, reg.put(&k, &value, req.ttl).await)
+            }
             Action::Create(k) => (k, reg.create(&k, &value, req.ttl, listing.revision).await),
         };
         match result {

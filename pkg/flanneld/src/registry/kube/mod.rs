@@ -315,7 +315,7 @@ impl KubeRegistry {
             return Ok(Listing {
                 entries,
                 bad,
-                revision: 0,
+                ..Listing::default()
             });
         }
         let listed = self
@@ -328,7 +328,7 @@ impl KubeRegistry {
         Ok(Listing {
             entries: w.entries().cloned().collect(),
             bad: d.bad,
-            revision: 0,
+            ..Listing::default()
         })
     }
 
