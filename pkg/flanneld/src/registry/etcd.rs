@@ -460,20 +460,34 @@ impl KeyValue for EtcdRegistry {
         }
     }
 
+    /// A key that exists without an etcd lease is an operator's reservation
+    /// (Documentation/reservations.md): its value is written and it stays without a lease;
+    /// any other key is written attached to a new lease of `ttl`.
     async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
         let mut c = self.client().await?;
-        timed(
-            &self.opts,
-            &format!("renewing {path}"),
-            c.put(
+        let txn = Txn::new()
+            .when([
+                Compare::version(path.as_str(), CompareOp::Greater, 0),
+                Compare::lease(path.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(path.as_str(), value, None)])
+            .or_else([TxnOp::put(
                 path.as_str(),
                 value,
                 Some(PutOptions::new().with_lease(lease)),
-            ),
-        )
-        .await?;
+            )]);
+        let r = timed(&self.opts, &format!("renewing {path}"), c.txn(txn)).await?;
+        if r.succeeded() {
+            // A reservation holds no lease: the one granted is not needed.
+            let _ = timed(
+                &self.opts,
+                "revoking an unused etcd lease",
+                c.lease_revoke(lease),
+            )
+            .await;
+        }
         Ok(SystemTime::now() + ttl)
     }
 
