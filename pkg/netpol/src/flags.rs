@@ -1,5 +1,6 @@
 //! The command line: where the API server is, this node's name, where metrics are served,
-//! how often the table is read back besides the kernel's announcements; or `doctor`.
+//! how often the table is read back besides the kernel's announcements; or `doctor`. Every
+//! flag may be given as FLANNEL_NETPOL_<FLAG> instead (the systemd unit's environment file).
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -13,23 +14,38 @@ use std::path::PathBuf;
 pub struct Flags {
     /// The kubeconfig to reach the API server with; without it, the pod's service account,
     /// else $KUBECONFIG or ~/.kube/config.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "FLANNEL_NETPOL_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// The API server's URL (with --kubeconfig, in place of its server).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "FLANNEL_NETPOL_KUBE_API_URL")]
     pub kube_api_url: Option<String>,
     /// This node's name as the API knows it; else NODE_NAME, else the hostname.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", env = "FLANNEL_NETPOL_HOSTNAME_OVERRIDE")]
     pub hostname_override: Option<String>,
     /// Where /metrics and /healthz are served; empty for nowhere.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9095")]
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "127.0.0.1:9095",
+        env = "FLANNEL_NETPOL_METRICS_BIND_ADDRESS"
+    )]
     pub metrics_bind_address: String,
     /// Seconds between readings of the table besides the kernel's announcements of changes
     /// (0: none).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        env = "FLANNEL_NETPOL_RESYNC"
+    )]
     pub resync: u64,
     /// text or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        default_value = "text",
+        env = "FLANNEL_NETPOL_LOG_FORMAT"
+    )]
     pub log_format: String,
     /// Prints the version and exits.
     #[arg(long)]
