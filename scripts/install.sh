@@ -15,13 +15,17 @@ usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--daemon [--daemon-bin
   --daemon              also install the fabric daemon:
                           flanneld            into --daemon-bin-dir (default /usr/local/bin),
                           flannel-wireguard   beside it (the wireguard backend's userspace tunnel)
+                          flannel-netpol      beside it (NetworkPolicy, a unit of its own)
                           flanneld.service    into --systemd-dir (default /etc/systemd/system),
                                               its ExecStart= and EnvironmentFile= pointing there
                           flanneld.env        as --env-file (default /etc/default/flanneld),
                                               only if that file does not exist yet; either
                                               way it is made root's, mode 0600 (it may
                                               hold FLANNELD_ETCD_PASSWORD)
+                          flannel-netpol.service and flannel-netpol.env (as flannel-netpol
+                                              beside --env-file, only if absent) likewise
                         then: systemctl daemon-reload && systemctl enable --now flanneld
+                        (and flannel-netpol, once its kubeconfig is in place)
   --no-build            install what target/release already holds
 USAGE
 }
@@ -59,7 +63,8 @@ done
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugins=(flannel bridge host-local portmap loopback)
 # flannel-wireguard: the wireguard backend's userspace tunnel, which flanneld runs from beside itself.
-daemons=(flanneld flannel-wireguard)
+# flannel-netpol: NetworkPolicy for the node's pods, a unit of its own.
+daemons=(flanneld flannel-wireguard flannel-netpol)
 target_dir=${CARGO_TARGET_DIR:-$top/target}
 
 # Release binaries are linked statically (crt-static): a plugin is exec'd for every pod, and
@@ -119,8 +124,11 @@ for p in "${wanted[@]}"; do
 done
 unit_src=$top/deploy/systemd/flanneld.service
 env_src=$top/deploy/systemd/flanneld.env
+netpol_unit_src=$top/deploy/systemd/flannel-netpol.service
+netpol_env_src=$top/deploy/systemd/flannel-netpol.env
+netpol_env_file=$(dirname "$env_file")/flannel-netpol
 if [ "$daemon" = 1 ]; then
-    for f in "$unit_src" "$env_src"; do
+    for f in "$unit_src" "$env_src" "$netpol_unit_src" "$netpol_env_src"; do
         [ -f "$f" ] || { echo "missing $f" >&2; exit 1; }
     done
 fi
@@ -150,6 +158,15 @@ if [ "$daemon" = 1 ]; then
         place "$env_src" "$(dirname "$env_file")" "$(basename "$env_file")" 0600
     fi
     restrict_to_root "$env_file"
+    sed -e "s|^ExecStart=/usr/local/bin/flannel-netpol|ExecStart=$daemon_bin_dir/flannel-netpol|" \
+        -e "s|^EnvironmentFile=/etc/default/flannel-netpol|EnvironmentFile=$netpol_env_file|" \
+        "$netpol_unit_src" >"$unit"
+    place "$unit" "$systemd_dir" flannel-netpol.service 0644
+    if [ -e "$netpol_env_file" ]; then
+        echo "kept $netpol_env_file"
+    else
+        place "$netpol_env_src" "$(dirname "$netpol_env_file")" flannel-netpol 0644
+    fi
 fi
 
 if [ "$with_conf" = 1 ]; then

@@ -12,6 +12,8 @@ use tempfile::TempDir;
 pub const DAEMON: &str = "flanneld";
 /// The wireguard backend's userspace tunnel, installed beside flanneld, which runs it from there.
 pub const TUNNEL: &str = "flannel-wireguard";
+/// The NetworkPolicy enforcer, installed beside flanneld with a unit of its own.
+pub const ENFORCER: &str = "flannel-netpol";
 
 pub fn fresh_tree() -> TempDir {
     let tree = tempfile::Builder::new()
@@ -34,11 +36,16 @@ pub fn fresh_tree() -> TempDir {
             );
         }
     }
-    for file in ["flanneld.service", "flanneld.env"] {
+    for file in [
+        "flanneld.service",
+        "flanneld.env",
+        "flannel-netpol.service",
+        "flannel-netpol.env",
+    ] {
         let rel = Path::new("deploy/systemd").join(file);
         copy(&top.join(&rel), &tree.path().join(rel));
     }
-    for binary in PLUGINS.iter().chain([&DAEMON, &TUNNEL]) {
+    for binary in PLUGINS.iter().chain([&DAEMON, &TUNNEL, &ENFORCER]) {
         copy(
             &testkit::bin_dir().join(binary),
             &tree.path().join("target/release").join(binary),

@@ -1,11 +1,12 @@
-//! scripts/install.sh --daemon on a fresh tree: flanneld and its tunnel (flannel-wireguard) go
-//! into their own bin directory (never the CNI one), the systemd unit into the systemd directory
+//! scripts/install.sh --daemon on a fresh tree: flanneld, its tunnel (flannel-wireguard) and the
+//! NetworkPolicy enforcer (flannel-netpol) go into their own bin directory (never the CNI one),
+//! each daemon's systemd unit into the systemd directory
 //! pointing at the binary and the environment file actually installed, every file renamed into
 //! place; the environment file (it may hold FLANNELD_ETCD_PASSWORD) is root's with mode 0600, and
 //! an operator's existing one keeps its content and is made so too; systemd-analyze accepts the
 //! installed unit.
 
-use e2e::install::{fresh_tree, run_install, succeeded, DAEMON, TUNNEL};
+use e2e::install::{fresh_tree, run_install, succeeded, DAEMON, ENFORCER, TUNNEL};
 use e2e::plugins::{repo_root, PLUGINS};
 use std::fs;
 use std::io::Read;
@@ -112,8 +113,15 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
         .collect();
     expected.push(format!("installed {}/{DAEMON}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}/{TUNNEL}", s(&dirs.daemon_bin)));
+    expected.push(format!("installed {}/{ENFORCER}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}", s(&dirs.unit())));
     expected.push(format!("installed {}", s(&dirs.env_file)));
+    let netpol_env = dirs.env_file.with_file_name("flannel-netpol");
+    expected.push(format!(
+        "installed {}",
+        s(&dirs.systemd.join("flannel-netpol.service"))
+    ));
+    expected.push(format!("installed {}", s(&netpol_env)));
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected);
 
     let mut plugins: Vec<String> = PLUGINS.iter().map(|p| p.to_string()).collect();
@@ -125,17 +133,17 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
     );
     assert_eq!(
         names_in(&dirs.daemon_bin),
-        [TUNNEL, DAEMON],
-        "flanneld and its tunnel beside it, no temporary file left"
+        [ENFORCER, TUNNEL, DAEMON],
+        "flanneld, its tunnel and the enforcer beside it, no temporary file left"
     );
     assert_eq!(
         names_in(&dirs.systemd),
-        ["flanneld.service"],
+        ["flannel-netpol.service", "flanneld.service"],
         "no temporary file left"
     );
     assert_eq!(
         names_in(dirs.env_file.parent().unwrap()),
-        ["flanneld"],
+        ["flannel-netpol", "flanneld"],
         "no temporary file left"
     );
 
@@ -174,6 +182,15 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
         directive(&unit, "EnvironmentFile"),
         [s(&dirs.env_file)],
         "EnvironmentFile names the installed file"
+    );
+    let enforcer = dirs.daemon_bin.join(ENFORCER);
+    assert_eq!(mode(&enforcer), 0o755, "flannel-netpol's mode");
+    let unit = fs::read_to_string(dirs.systemd.join("flannel-netpol.service")).unwrap();
+    assert_eq!(directive(&unit, "ExecStart"), [s(&enforcer)]);
+    assert_eq!(directive(&unit, "EnvironmentFile"), [s(&netpol_env)]);
+    assert_eq!(
+        fs::read_to_string(&netpol_env).unwrap(),
+        fs::read_to_string(repo_root().join("deploy/systemd/flannel-netpol.env")).unwrap()
     );
 }
 
@@ -222,18 +239,22 @@ fn systemd_analyze_verify_accepts_the_installed_unit() {
     let (tree, _root, dirs) = node();
     dirs.install(tree.path());
 
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(dirs.unit())
-        .output()
-        .expect("systemd-analyze (Debian's systemd, scripts/deps.sh installs it)");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && !stderr.contains("flanneld"),
-        "systemd-analyze verify {}: {}\n{stderr}",
-        dirs.unit().display(),
-        out.status
-    );
+    for unit in [dirs.unit(), dirs.systemd.join("flannel-netpol.service")] {
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&unit)
+            .output()
+            .expect("systemd-analyze (Debian's systemd, scripts/deps.sh installs it)");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success()
+                && !stderr.contains("flanneld")
+                && !stderr.contains("flannel-netpol"),
+            "systemd-analyze verify {}: {}\n{stderr}",
+            unit.display(),
+            out.status
+        );
+    }
 }
 
 #[test]
@@ -351,4 +372,41 @@ fn help_says_where_each_file_goes() {
     ] {
         assert!(help.contains(needle), "--help does not mention {needle}");
     }
+}
+
+#[test]
+fn the_enforcer_s_unit_starts_it_with_the_settings_it_reads() {
+    let unit =
+        fs::read_to_string(repo_root().join("deploy/systemd/flannel-netpol.service")).unwrap();
+    assert_eq!(
+        directive(&unit, "ExecStart"),
+        ["/usr/local/bin/flannel-netpol"]
+    );
+    assert_eq!(
+        directive(&unit, "EnvironmentFile"),
+        ["/etc/default/flannel-netpol"]
+    );
+    assert_eq!(directive(&unit, "Restart"), ["on-failure"]);
+    let env = fs::read_to_string(repo_root().join("deploy/systemd/flannel-netpol.env")).unwrap();
+    let help = Command::new(testkit::bin_dir().join(ENFORCER))
+        .arg("--help")
+        .output()
+        .expect("running flannel-netpol --help");
+    // The help is wrapped to the terminal: words apart by one space.
+    let help = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut named = 0;
+    for line in env.lines().map(|l| l.trim_start_matches('#')) {
+        let Some((name, _)) = line.split_once('=') else {
+            continue;
+        };
+        named += 1;
+        assert!(
+            help.contains(&format!("[env: {name}=")),
+            "flannel-netpol --help does not list {name}"
+        );
+    }
+    assert!(named >= 3, "{env}");
 }
