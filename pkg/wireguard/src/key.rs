@@ -58,8 +58,8 @@ impl Key {
 
     /// The public key of this private key.
     pub fn public(&self) -> Key {
-        let secret = boringtun::x25519::StaticSecret::from(self.0);
-        Key(boringtun::x25519::PublicKey::from(&secret).to_bytes())
+        let secret = x25519_dalek::StaticSecret::from(self.0);
+        Key(x25519_dalek::PublicKey::from(&secret).to_bytes())
     }
 
     /// Parses the base64 form (44 characters) `wg genkey` and flanneld's leases use; blanks

@@ -6,8 +6,8 @@
 //! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
 //!   the kernel has WireGuard at all.
 //! - `lease`: the lease's BackendData, the endpoint of a dual-stack node, the device's MTU.
-//! - `tunnel`: the userspace device over TUN, served on the UAPI socket; `supervise` starts
-//!   it as a process of its own that outlives flanneld.
+//! - `supervise`: starts the userspace tunnel (`flannel-wireguard`, its own package) as a
+//!   process of its own that outlives flanneld.
 
 pub mod control;
 pub mod genl;
@@ -15,7 +15,6 @@ pub mod kernel;
 pub mod key;
 pub mod lease;
 pub mod supervise;
-pub mod tunnel;
 pub mod uapi;
 
 pub use key::Key;

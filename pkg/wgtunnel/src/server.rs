@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use super::Device;
-use crate::uapi::{parse_set, socket_path, UapiError};
+use crate::Device;
+use wireguard::uapi::{parse_set, socket_path, UapiError};
 
 /// Binds `<dir>/<name>.sock`, refusing when a live device already answers there.
 pub fn listen(dir: &Path, name: &str) -> io::Result<(UnixListener, PathBuf)> {

@@ -18,10 +18,10 @@ use boringtun::x25519::{PublicKey, StaticSecret};
 use ipnetwork::IpNetwork;
 use tunio::{RecvBatch, Run, SendScratch, Tun, TunOptions, UdpSock};
 
-use super::allowed::{canonical, AllowedIps};
-use super::udp::Sockets;
-use crate::key::Key;
-use crate::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, UapiError};
+use crate::allowed::{canonical, AllowedIps};
+use crate::udp::Sockets;
+use wireguard::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, UapiError};
+use wireguard::Key;
 
 /// The largest packet TUN gives, plus room for WireGuard's header and tag.
 const BUF_LEN: usize = 65_535 + 64;

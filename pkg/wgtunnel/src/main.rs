@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::thread;
 
-use wireguard::tunnel::{server, Device};
+use wgtunnel::{server, Device};
 use wireguard::uapi::SOCKET_DIR;
 
 const USAGE: &str = "usage: flannel-wireguard <interface> [--socket-dir DIR] [--queues N]";
