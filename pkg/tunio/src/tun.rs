@@ -151,6 +151,29 @@ impl Tun {
         &self.queues[q]
     }
 
+    /// The device's MTU as the kernel holds it now (`ip link set mtu` changes it).
+    pub fn mtu(&self) -> io::Result<usize> {
+        // SAFETY: a plain socket(2) call; the descriptor is owned at once.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is ours alone.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ifreq is plain data; all-zero is valid.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in req.ifr_name.iter_mut().zip(self.name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        ioctl(
+            &sock,
+            libc::SIOCGIFMTU,
+            &mut req as *mut libc::ifreq as libc::c_ulong,
+        )?;
+        // SAFETY: SIOCGIFMTU filled the union's MTU.
+        Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
+    }
+
     /// The TUNSETOFFLOAD flags granted (0: none).
     pub fn offloads(&self) -> u32 {
         self.offloads

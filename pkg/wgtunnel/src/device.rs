@@ -1,158 +1,124 @@
-//! The userspace WireGuard device: a TUN device, UDP sockets, and the peers between them.
+//! The userspace WireGuard device: a TUN device, the UDP sockets of its listen port, and
+//! the peers between them.
 //!
-//! Threads: one reader per TUN queue (read a burst, encrypt, sendmmsg), one reader per UDP
-//! socket (recvmmsg a burst, decrypt, write to TUN), one for timers. A packet is never
-//! allocated: each thread owns its buffers; a peer's Noise state is behind its own mutex.
+//! Threads: a reader per TUN queue (`tx`: a burst of super-packets cut, sealed and sent as
+//! GSO runs), a reader per socket (`rx`: a burst of GRO messages opened, checked and written
+//! to TUN joined), the timers, the UAPI server, and the crypto pool both readers split their
+//! batches over. A packet is never allocated on the way: each reader owns its buffers.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::rate_limiter::RateLimiter;
-use boringtun::noise::{Packet, Tunn, TunnResult};
-use boringtun::x25519::{PublicKey, StaticSecret};
-use ipnetwork::IpNetwork;
-use tunio::{RecvBatch, Run, SendScratch, Tun, TunOptions, UdpSock};
+use tunio::{Run, SendScratch, Tun, TunOptions};
 
-use crate::allowed::{canonical, AllowedIps};
+use crate::allowed::AllowedIps;
+use crate::cookie::Checker;
+use crate::noise::{self, Identity, INITIATION_MAC1, RESPONSE_MAC1};
+use crate::peer::{lock, Peer};
+use crate::pool::Pool;
+use crate::session::{Session, REJECT_AFTER_TIME};
+use crate::timers::{Due, JITTER_MAX_MS, KEEPALIVE_TIMEOUT, REKEY_TIMEOUT};
 use crate::udp::Sockets;
-use wireguard::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, UapiError};
 use wireguard::Key;
 
-/// The largest packet TUN gives, plus room for WireGuard's header and tag.
-const BUF_LEN: usize = 65_535 + 64;
-/// Handshakes a second before senders must prove their address with a cookie.
-const HANDSHAKE_RATE_LIMIT: u64 = 1000;
-const TIMER_TICK: Duration = Duration::from_millis(250);
-/// Packets read from TUN before they are sent as one batch.
-const BATCH: usize = 32;
+const TIMER_TICK: Duration = Duration::from_millis(100);
+/// Initiations a second past which senders must prove their address with a cookie.
+const UNDER_LOAD_HANDSHAKES: u32 = 128;
+/// The least time between two initiations accepted from one peer.
+const INITIATION_RATE: Duration = Duration::from_millis(20);
 
-struct Identity {
-    secret: StaticSecret,
-    public: PublicKey,
-    key: Key,
+pub(crate) struct State {
+    pub identity: Option<Arc<Identity>>,
+    pub checker: Option<Mutex<Checker>>,
+    pub fwmark: u32,
+    pub peers: HashMap<Key, Arc<Peer>>,
+    pub allowed: AllowedIps<Arc<Peer>>,
 }
 
-struct State {
-    identity: Option<Identity>,
-    fwmark: u32,
-    peers: HashMap<Key, Arc<Peer>>,
-    by_index: HashMap<u32, Arc<Peer>>,
-    allowed: AllowedIps<Arc<Peer>>,
-    rate_limiter: Arc<RateLimiter>,
-}
-
-struct PeerSettings {
-    psk: Option<Key>,
-    keepalive: u16,
-    allowed_ips: Vec<IpNetwork>,
-}
-
-struct Peer {
-    key: Key,
-    index: u32,
-    /// Made at the peer's first packet (or at once when it keeps a connection alive): a
-    /// Noise state is 11 KiB, and most of a large cluster's peers may never carry traffic.
-    tunn: Mutex<Option<Box<Tunn>>>,
-    endpoint: Mutex<Option<SocketAddr>>,
-    settings: Mutex<PeerSettings>,
-    rx_bytes: AtomicU64,
-    tx_bytes: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Peer {
-    /// The peer's Noise state, made now if it has none yet.
-    fn tunn<'a>(&'a self, state: &State) -> std::sync::MutexGuard<'a, Option<Box<Tunn>>> {
-        let mut guard = lock(&self.tunn);
-        if guard.is_none() {
-            *guard = self.new_tunn(state.identity.as_ref(), &state.rate_limiter);
-        }
-        guard
-    }
-
-    /// Remakes the Noise state after a change of key, PSK or keepalive, if it has one or
-    /// must keep the connection alive.
-    fn renew_tunn(&self, state: &State) {
-        let mut guard = lock(&self.tunn);
-        if guard.is_some() || lock(&self.settings).keepalive > 0 {
-            *guard = self.new_tunn(state.identity.as_ref(), &state.rate_limiter);
-        }
-    }
-
-    fn new_tunn(
-        &self,
-        identity: Option<&Identity>,
-        limiter: &Arc<RateLimiter>,
-    ) -> Option<Box<Tunn>> {
-        let id = identity?;
-        let s = lock(&self.settings);
-        Some(Box::new(Tunn::new(
-            id.secret.clone(),
-            PublicKey::from(self.key.0),
-            s.psk.map(|k| k.0),
-            (s.keepalive > 0).then_some(s.keepalive),
-            self.index,
-            Some(limiter.clone()),
-        )))
-    }
+/// What a receiver index names: a peer's handshake in progress, or one of its sessions.
+#[derive(Clone)]
+pub(crate) struct Indexed {
+    pub peer: Arc<Peer>,
+    pub session: Option<Arc<Session>>,
 }
 
 /// The sockets in use, and whether readers of an older set should stop.
-struct Bound {
-    sockets: Arc<Sockets>,
-    generation: u64,
+pub(crate) struct Bound {
+    pub sockets: Arc<Sockets>,
+    pub generation: u64,
 }
 
 pub struct Device {
-    name: String,
-    state: RwLock<State>,
-    bound: RwLock<Bound>,
-    tun: Tun,
-    next_index: AtomicU32,
+    pub(crate) name: String,
+    pub(crate) tun: Tun,
+    pub(crate) state: RwLock<State>,
+    pub(crate) bound: RwLock<Bound>,
+    pub(crate) index: RwLock<HashMap<u32, Indexed>>,
+    pub(crate) pool: Pool,
+    /// The TUN device's MTU, read again each second: WireGuard pads up to it.
+    pub(crate) mtu: AtomicUsize,
+    handshakes: AtomicU32,
+    loaded: AtomicBool,
     stop_reason: Mutex<Option<String>>,
     stopped: Condvar,
-    is_stopped: AtomicBool,
+    pub(crate) is_stopped: AtomicBool,
 }
 
-fn new_limiter(public: &PublicKey) -> Arc<RateLimiter> {
-    Arc::new(RateLimiter::new(public, HANDSHAKE_RATE_LIMIT))
+/// `N` random bytes from the kernel.
+pub(crate) fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    let mut got = 0;
+    while got < N {
+        // SAFETY: writes at most N - got bytes into b's remaining room.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), N - got, 0) };
+        if n > 0 {
+            got += n as usize;
+        }
+    }
+    b
+}
+
+fn jitter() -> Duration {
+    let r = u64::from_le_bytes(random::<8>());
+    Duration::from_millis(r % JITTER_MAX_MS)
 }
 
 impl Device {
-    /// Makes TUN device `name` with `queues` queues, binds a free port, and starts the threads.
-    pub fn start(name: &str, queues: usize) -> std::io::Result<Arc<Device>> {
+    /// Makes TUN device `name` with `queues` queues, binds a free port, and starts the
+    /// threads; `workers` crypto threads besides the readers.
+    pub fn start(name: &str, queues: usize, workers: usize) -> std::io::Result<Arc<Device>> {
         let tun = Tun::open(
             name,
             &TunOptions {
                 queues,
-                offloads: false,
+                offloads: true,
             },
         )?;
+        let mtu = tun.mtu().unwrap_or(1420);
         let sockets = Arc::new(Sockets::bind(0, 0)?);
         let dev = Arc::new(Device {
             name: name.to_string(),
+            tun,
             state: RwLock::new(State {
                 identity: None,
+                checker: None,
                 fwmark: 0,
                 peers: HashMap::new(),
-                by_index: HashMap::new(),
                 allowed: AllowedIps::default(),
-                rate_limiter: new_limiter(&PublicKey::from([0u8; 32])),
             }),
             bound: RwLock::new(Bound {
                 sockets: sockets.clone(),
                 generation: 0,
             }),
-            tun,
-            next_index: AtomicU32::new(1),
+            index: RwLock::new(HashMap::new()),
+            pool: Pool::new(workers)?,
+            mtu: AtomicUsize::new(mtu),
+            handshakes: AtomicU32::new(0),
+            loaded: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
             stopped: Condvar::new(),
             is_stopped: AtomicBool::new(false),
@@ -173,6 +139,11 @@ impl Device {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The TUN offloads the kernel granted (TUNSETOFFLOAD flags).
+    pub fn offloads(&self) -> u32 {
+        self.tun.offloads()
     }
 
     /// Ends the device's work; `wait` returns the reason.
@@ -196,20 +167,20 @@ impl Device {
         }
     }
 
-    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+    pub(crate) fn read_state(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+    pub(crate) fn write_state(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn sockets(&self) -> (Arc<Sockets>, u64) {
+    pub(crate) fn sockets(&self) -> (Arc<Sockets>, u64) {
         let b = self.bound.read().unwrap_or_else(|e| e.into_inner());
         (b.sockets.clone(), b.generation)
     }
 
-    fn spawn_socket_readers(
+    pub(crate) fn spawn_socket_readers(
         self: &Arc<Self>,
         sockets: &Arc<Sockets>,
         generation: u64,
@@ -233,422 +204,372 @@ impl Device {
         Ok(())
     }
 
-    fn run_tun_reader(self: Arc<Self>, queue: usize) {
-        let mut inbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; BUF_LEN]).collect();
-        let mut inlens = [0usize; BATCH];
-        let mut outbufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; BUF_LEN]).collect();
-        let mut out: Vec<(SocketAddr, usize, usize)> = Vec::with_capacity(BATCH);
-        let mut scratch = SendScratch::default();
-        while !self.is_stopped.load(Ordering::Relaxed) {
-            let mut n = 0;
-            while n < BATCH {
-                match self.tun.read(queue, &mut inbufs[n]) {
-                    Ok(Some((_, range))) => {
-                        inlens[n] = range.end;
-                        n += 1;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        return self.stop(format!("reading TUN device {}: {e}", self.name));
-                    }
-                }
-            }
-            if n == 0 {
-                if let Err(e) = tunio::tun::wait(self.tun.queue(queue), libc::POLLIN, 1000) {
-                    return self.stop(format!("waiting on TUN device {}: {e}", self.name));
-                }
-                continue;
-            }
-            out.clear();
-            {
-                let state = self.read_state();
-                for i in 0..n {
-                    let packet = &inbufs[i][..inlens[i]];
-                    let Some(dst) = Tunn::dst_address(packet) else {
-                        continue;
-                    };
-                    let Some(peer) = state.allowed.lookup(dst) else {
-                        continue;
-                    };
-                    let Some(endpoint) = *lock(&peer.endpoint) else {
-                        continue;
-                    };
-                    let slot = out.len();
-                    let mut guard = peer.tunn(&state);
-                    let Some(tunn) = guard.as_mut() else {
-                        continue;
-                    };
-                    if let TunnResult::WriteToNetwork(sealed) =
-                        tunn.encapsulate(packet, &mut outbufs[slot])
-                    {
-                        let len = sealed.len();
-                        peer.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        out.push((endpoint, slot, len));
-                    }
-                }
-            }
-            let (sockets, _) = self.sockets();
-            for (sock, v4) in [(Some(&sockets.v4), true), (sockets.v6.as_ref(), false)] {
-                let Some(sock) = sock else { continue };
-                let runs: Vec<Run> = out
-                    .iter()
-                    .filter(|(a, _, _)| a.is_ipv4() == v4)
-                    .map(|(a, i, l)| Run {
-                        dst: *a,
-                        data: &outbufs[*i][..*l],
-                        seg: *l,
-                    })
-                    .collect();
-                sock.send_runs(&mut scratch, &runs);
+    /// Sends handshake or keepalive bytes to `dst` through the socket of its family.
+    pub(crate) fn send_one(&self, dst: SocketAddr, bytes: &[u8]) {
+        let (sockets, _) = self.sockets();
+        if let Some(s) = sockets.for_addr(&dst) {
+            let _ = s.socket().send_to(bytes, dst);
+        }
+    }
+
+    /// A receiver index not in use, registered for `peer`'s handshake.
+    fn new_index(&self, peer: &Arc<Peer>) -> u32 {
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let i = u32::from_le_bytes(random::<4>());
+            if i != 0 && !index.contains_key(&i) {
+                index.insert(
+                    i,
+                    Indexed {
+                        peer: peer.clone(),
+                        session: None,
+                    },
+                );
+                return i;
             }
         }
     }
 
-    fn run_socket_reader(self: Arc<Self>, sock: &UdpSock, queue: usize, generation: u64) {
-        let mut batch = RecvBatch::for_socket(sock);
-        let mut plain = vec![0u8; BUF_LEN];
-        loop {
-            let received = batch.recv(sock);
-            if self.is_stopped.load(Ordering::Relaxed) || self.sockets().1 != generation {
+    pub(crate) fn forget_indices(&self, indices: impl IntoIterator<Item = u32>) {
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        for i in indices {
+            index.remove(&i);
+        }
+    }
+
+    fn register_session(&self, peer: &Arc<Peer>, s: &Arc<Session>) {
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        index.insert(
+            s.local_index,
+            Indexed {
+                peer: peer.clone(),
+                session: Some(s.clone()),
+            },
+        );
+    }
+
+    pub(crate) fn lookup(&self, i: u32) -> Option<Indexed> {
+        self.index
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&i)
+            .cloned()
+    }
+
+    /// Every session and handshake of `peer` dropped (its keys erased, or it is removed).
+    pub(crate) fn zero_keys(&self, peer: &Peer) {
+        let mut gone: Vec<u32> = peer.drop_sessions().iter().map(|s| s.local_index).collect();
+        gone.extend(lock(&peer.handshake).pending.take().map(|p| p.local_index));
+        self.forget_indices(gone);
+    }
+
+    /// Sends an initiation to `peer` unless one went less than REKEY_TIMEOUT ago; `retry`:
+    /// the same handshake attempted again.
+    pub(crate) fn initiate(&self, state: &State, peer: &Arc<Peer>, retry: bool) {
+        if !retry {
+            lock(&peer.timers).attempts = 0;
+        }
+        let (Some(id), Some(dst)) = (&state.identity, peer.endpoint()) else {
+            return;
+        };
+        let now = Instant::now();
+        let msg = {
+            let mut hs = lock(&peer.handshake);
+            if hs
+                .last_sent
+                .is_some_and(|t| now.duration_since(t) < REKEY_TIMEOUT)
+            {
                 return;
             }
-            let n = match received {
-                Ok(n) => n,
-                Err(e) => {
-                    eprintln!("{}: receiving on {:?}: {e}", self.name, sock.local_addr());
-                    thread::sleep(Duration::from_millis(10));
-                    continue;
-                }
+            let local_index = self.new_index(peer);
+            let wall = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let made =
+                noise::initiation(id, &mut hs.keys, random(), local_index, noise::tai64n(wall));
+            let Ok((mut msg, pending)) = made else {
+                self.forget_indices([local_index]);
+                return;
             };
-            let state = self.read_state();
-            for mut m in batch.messages(n) {
-                let src = m.src;
-                for datagram in m.datagrams() {
-                    if let Err(e) = self.receive(&state, sock, queue, src, datagram, &mut plain) {
-                        drop(state);
-                        return self.stop(format!("writing to TUN device {}: {e}", self.name));
-                    }
-                }
+            hs.stamper.stamp(&mut msg, INITIATION_MAC1, now);
+            if let Some(old) = hs.pending.replace(pending) {
+                self.forget_indices([old.local_index]);
             }
+            hs.last_sent = Some(now);
+            msg
+        };
+        self.send_one(dst, &msg);
+        let mut t = lock(&peer.timers);
+        t.traversal(now, peer.keepalive());
+        t.any_sent();
+        t.handshake_initiated(now, jitter());
+    }
+
+    /// Whether initiations come so fast that senders must show a cookie first.
+    fn under_load(&self) -> bool {
+        self.loaded.load(Ordering::Relaxed)
+            || self.handshakes.load(Ordering::Relaxed) >= UNDER_LOAD_HANDSHAKES
+    }
+
+    /// A handshake message (initiation, response, cookie reply) from `src`.
+    pub(crate) fn handshake_message(&self, state: &State, src: SocketAddr, msg: &[u8]) {
+        let Some(id) = state.identity.clone() else {
+            return;
+        };
+        let now = Instant::now();
+        let mac1_at = match (msg[0], msg.len()) {
+            (noise::MSG_INITIATION, noise::INITIATION_LEN) => INITIATION_MAC1,
+            (noise::MSG_RESPONSE, noise::RESPONSE_LEN) => RESPONSE_MAC1,
+            (noise::MSG_COOKIE, noise::COOKIE_LEN) => {
+                let receiver = u32::from_le_bytes([msg[4], msg[5], msg[6], msg[7]]);
+                if let Some(e) = self.lookup(receiver) {
+                    lock(&e.peer.handshake).stamper.take_reply(msg, now);
+                }
+                return;
+            }
+            _ => return,
+        };
+        if msg[0] == noise::MSG_INITIATION {
+            self.handshakes.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(checker) = &state.checker {
+            let checker = lock(checker);
+            match checker.check(msg, mac1_at, &src) {
+                crate::cookie::Macs::Bad => return,
+                crate::cookie::Macs::Mac1 if self.under_load() => {
+                    let reply = checker.reply(msg, mac1_at, &src, random());
+                    drop(checker);
+                    self.send_one(src, &reply);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if msg[0] == noise::MSG_INITIATION {
+            self.accept_initiation(state, &id, src, msg, now);
+        } else {
+            self.accept_response(state, &id, src, msg, now);
         }
     }
 
-    /// One datagram from `src`: a handshake answered, or a packet decrypted and delivered.
-    fn receive(
+    fn accept_initiation(
         &self,
         state: &State,
-        sock: &UdpSock,
-        queue: usize,
+        id: &Identity,
         src: SocketAddr,
-        datagram: &[u8],
-        plain: &mut [u8],
-    ) -> std::io::Result<()> {
-        let peer = match Tunn::parse_incoming_packet(datagram) {
-            Ok(Packet::HandshakeInit(p)) => {
-                let Some(id) = &state.identity else {
-                    return Ok(());
-                };
-                let Ok(half) = parse_handshake_anon(&id.secret, &id.public, &p) else {
-                    return Ok(());
-                };
-                state.peers.get(&Key(half.peer_static_public))
+        msg: &[u8],
+        now: Instant,
+    ) {
+        let Ok(half) = noise::initiation_sender(id, msg) else {
+            return;
+        };
+        let Some(peer) = state.peers.get(&Key(half.peer_public)).cloned() else {
+            return;
+        };
+        let (mut reply, keys) = {
+            let mut hs = lock(&peer.handshake);
+            if hs
+                .last_accepted
+                .is_some_and(|t| now.duration_since(t) < INITIATION_RATE)
+            {
+                return;
             }
-            Ok(Packet::HandshakeResponse(p)) => state.by_index.get(&(p.receiver_idx >> 8)),
-            Ok(Packet::PacketCookieReply(p)) => state.by_index.get(&(p.receiver_idx >> 8)),
-            Ok(Packet::PacketData(p)) => state.by_index.get(&(p.receiver_idx >> 8)),
-            Err(_) => None,
-        };
-        let Some(peer) = peer else {
-            return Ok(());
-        };
-        let is_init = matches!(datagram.first(), Some(1));
-        // The plain packet is delivered after the peer's lock is released, so the thread
-        // encrypting towards this peer never waits on a TUN write.
-        let mut deliver_span = None;
-        let authentic = {
-            let mut guard = if is_init {
-                peer.tunn(state)
-            } else {
-                lock(&peer.tunn)
+            let newest = hs.newest_timestamp;
+            let Ok(accepted) = noise::accept_initiation(id, half, &mut hs.keys, msg, newest) else {
+                return;
             };
-            let Some(tunn) = guard.as_mut() else {
-                return Ok(());
+            hs.newest_timestamp = Some(accepted.timestamp);
+            hs.last_accepted = Some(now);
+            let local_index = self.new_index(&peer);
+            let Ok(made) = noise::response(&hs.keys, &accepted, random(), local_index) else {
+                self.forget_indices([local_index]);
+                return;
             };
-            let base = plain.as_ptr() as usize;
-            match tunn.decapsulate(Some(src.ip()), datagram, plain) {
-                TunnResult::WriteToNetwork(reply) => {
-                    let _ = sock.socket().send_to(reply, src);
-                    // A finished handshake releases the packets queued while it ran.
-                    let mut queued = vec![0u8; BUF_LEN];
-                    while let TunnResult::WriteToNetwork(p) =
-                        tunn.decapsulate(None, &[], &mut queued)
-                    {
-                        let _ = sock.socket().send_to(p, src);
-                    }
-                    true
+            // Answering supersedes an initiation of ours still waiting.
+            if let Some(old) = hs.pending.take() {
+                self.forget_indices([old.local_index]);
+            }
+            made
+        };
+        lock(&peer.handshake)
+            .stamper
+            .stamp(&mut reply, RESPONSE_MAC1, now);
+        let session = Arc::new(Session::new(&keys, false, now));
+        self.register_session(&peer, &session);
+        let gone = peer.begin_as_responder(session);
+        self.forget_indices(gone.iter().map(|s| s.local_index));
+        peer.set_endpoint(src);
+        self.send_one(src, &reply);
+        let mut t = lock(&peer.timers);
+        t.session_derived(now);
+        t.traversal(now, peer.keepalive());
+        t.any_sent();
+    }
+
+    fn accept_response(
+        &self,
+        state: &State,
+        id: &Identity,
+        src: SocketAddr,
+        msg: &[u8],
+        now: Instant,
+    ) {
+        let receiver = u32::from_le_bytes([msg[8], msg[9], msg[10], msg[11]]);
+        let Some(Indexed { peer, .. }) = self.lookup(receiver) else {
+            return;
+        };
+        let keys = {
+            let mut hs = lock(&peer.handshake);
+            let Some(pending) = hs.pending.take() else {
+                return;
+            };
+            match noise::accept_response(id, &hs.keys, &pending, msg) {
+                Ok(k) => k,
+                Err(_) => {
+                    hs.pending = Some(pending);
+                    return;
                 }
-                TunnResult::WriteToTunnelV4(packet, from) => {
-                    deliver_span = Some((
-                        packet.as_ptr() as usize - base,
-                        packet.len(),
-                        IpAddr::V4(from),
-                    ));
-                    true
-                }
-                TunnResult::WriteToTunnelV6(packet, from) => {
-                    deliver_span = Some((
-                        packet.as_ptr() as usize - base,
-                        packet.len(),
-                        IpAddr::V6(from),
-                    ));
-                    true
-                }
-                TunnResult::Done => true,
-                TunnResult::Err(_) => false,
             }
         };
-        if let Some((offset, len, from)) = deliver_span {
-            deliver(
-                state,
-                peer,
-                &self.tun,
-                queue,
-                &plain[offset..offset + len],
-                from,
-            )?;
+        let session = Arc::new(Session::new(&keys, true, now));
+        self.register_session(&peer, &session);
+        let gone = peer.begin_as_initiator(session);
+        self.forget_indices(gone.iter().map(|s| s.local_index));
+        peer.set_endpoint(src);
+        *lock(&peer.last_handshake) = Some(SystemTime::now());
+        {
+            let mut t = lock(&peer.timers);
+            t.session_derived(now);
+            t.handshake_complete();
+            t.any_received();
+            t.traversal(now, peer.keepalive());
         }
-        if authentic {
-            peer.rx_bytes
-                .fetch_add(datagram.len() as u64, Ordering::Relaxed);
-            let mut ep = lock(&peer.endpoint);
-            if *ep != Some(src) {
-                *ep = Some(src);
+        // The new session confirmed at once: with a keepalive unless data is waiting.
+        if lock(&peer.staged).is_empty() {
+            peer.stage(Vec::new());
+        }
+        self.send_staged(state, &peer);
+    }
+
+    /// Sends what `peer` has waiting, or starts a handshake when it has no session to send
+    /// with. An empty packet is a keepalive.
+    pub(crate) fn send_staged(&self, state: &State, peer: &Arc<Peer>) {
+        let now = Instant::now();
+        let (Some(session), Some(dst)) = (peer.sending_session(now), peer.endpoint()) else {
+            self.initiate(state, peer, false);
+            return;
+        };
+        let packets: Vec<Vec<u8>> = lock(&peer.staged).drain(..).collect();
+        if packets.is_empty() {
+            return;
+        }
+        let Some(first) = session.reserve(packets.len() as u64) else {
+            self.initiate(state, peer, false);
+            return;
+        };
+        let mtu = self.mtu.load(Ordering::Relaxed);
+        let mut wire = Vec::new();
+        let mut spans = Vec::with_capacity(packets.len());
+        for (i, p) in packets.iter().enumerate() {
+            let len =
+                noise::DATA_HEADER_LEN + crate::session::padded(p.len(), mtu) + noise::TAG_LEN;
+            let at = wire.len();
+            wire.resize(at + len, 0);
+            wire[at + noise::DATA_HEADER_LEN..][..p.len()].copy_from_slice(p);
+            session.seal(first + i as u64, &mut wire[at..at + len]);
+            spans.push(at..at + len);
+        }
+        let runs: Vec<Run> = spans
+            .iter()
+            .map(|r| Run {
+                dst,
+                data: &wire[r.clone()],
+                seg: r.len(),
+            })
+            .collect();
+        let (sockets, _) = self.sockets();
+        if let Some(sock) = sockets.for_addr(&dst) {
+            sock.send_runs(&mut SendScratch::default(), &runs);
+        }
+        peer.add_tx(wire.len());
+        let mut t = lock(&peer.timers);
+        t.any_sent();
+        t.traversal(now, peer.keepalive());
+        if packets.iter().any(|p| !p.is_empty()) {
+            t.data_sent(now, jitter());
+        }
+    }
+
+    /// After sending data with `session`: the initiator renews a session that is old.
+    pub(crate) fn keep_fresh_sending(&self, state: &State, peer: &Arc<Peer>, s: &Session) {
+        let old = s.created.elapsed() >= crate::session::REKEY_AFTER_TIME
+            || s.sent() >= crate::session::REKEY_AFTER_MESSAGES;
+        if s.initiator && old {
+            self.initiate(state, peer, false);
+        }
+    }
+
+    /// After receiving with the current session: the initiator renews it once, shortly
+    /// before it expires, if the peer has not.
+    pub(crate) fn keep_fresh_receiving(&self, state: &State, peer: &Arc<Peer>) {
+        let Some(s) = lock(&peer.sessions).current.clone() else {
+            return;
+        };
+        let late = REJECT_AFTER_TIME - KEEPALIVE_TIMEOUT - REKEY_TIMEOUT;
+        if !s.initiator || s.created.elapsed() < late {
+            return;
+        }
+        {
+            let mut t = lock(&peer.timers);
+            if t.last_minute_handshake {
+                return;
             }
+            t.last_minute_handshake = true;
         }
-        Ok(())
+        self.initiate(state, peer, false);
+    }
+
+    pub(crate) fn jitter(&self) -> Duration {
+        jitter()
     }
 
     fn run_timers(self: Arc<Self>) {
-        let mut buf = vec![0u8; BUF_LEN];
-        let mut last_reset = Instant::now();
+        let mut second = Instant::now();
+        let mut due = Vec::new();
         while !self.is_stopped.load(Ordering::Relaxed) {
             thread::sleep(TIMER_TICK);
+            let now = Instant::now();
             let state = self.read_state();
-            if last_reset.elapsed() >= Duration::from_secs(1) {
-                state.rate_limiter.reset_count();
-                last_reset = Instant::now();
+            if now.duration_since(second) >= Duration::from_secs(1) {
+                second = now;
+                let last = self.handshakes.swap(0, Ordering::Relaxed);
+                self.loaded
+                    .store(last >= UNDER_LOAD_HANDSHAKES, Ordering::Relaxed);
+                if let Some(c) = &state.checker {
+                    lock(c).rotate(now, random());
+                }
+                if let Ok(mtu) = self.tun.mtu() {
+                    self.mtu.store(mtu, Ordering::Relaxed);
+                }
             }
-            let (sockets, _) = self.sockets();
             for peer in state.peers.values() {
-                let endpoint = *lock(&peer.endpoint);
-                let mut guard = lock(&peer.tunn);
-                let Some(tunn) = guard.as_mut() else {
-                    continue;
-                };
-                if let TunnResult::WriteToNetwork(p) = tunn.update_timers(&mut buf) {
-                    if let Some(ep) = endpoint {
-                        if let Some(s) = sockets.for_addr(&ep) {
-                            let _ = s.socket().send_to(p, ep);
+                due.clear();
+                let keepalive = peer.keepalive();
+                lock(&peer.timers).due(now, keepalive, &mut due);
+                for d in &due {
+                    match d {
+                        Due::Initiate { retry } => self.initiate(&state, peer, *retry),
+                        Due::GiveUp => lock(&peer.staged).clear(),
+                        Due::Keepalive => {
+                            if lock(&peer.staged).is_empty() {
+                                peer.stage(Vec::new());
+                            }
+                            self.send_staged(&state, peer);
                         }
+                        Due::ZeroKeys => self.zero_keys(peer),
                     }
                 }
             }
         }
-    }
-
-    /// Applies a `set=1` operation.
-    pub fn apply(self: &Arc<Self>, config: &DeviceConfig) -> Result<(), UapiError> {
-        let mut state = self.write_state();
-        if let Some(port) = config.listen_port {
-            let (current, generation) = self.sockets();
-            if current.port != port || port == 0 {
-                let fresh = Sockets::bind(port, state.fwmark).map_err(|e| UapiError {
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                    message: format!("binding UDP port {port}: {e}"),
-                })?;
-                let fresh = Arc::new(fresh);
-                {
-                    let mut b = self.bound.write().unwrap_or_else(|e| e.into_inner());
-                    b.sockets = fresh.clone();
-                    b.generation = generation + 1;
-                }
-                current.shutdown();
-                self.spawn_socket_readers(&fresh, generation + 1)
-                    .map_err(|e| UapiError {
-                        errno: libc::EIO,
-                        message: format!("starting readers: {e}"),
-                    })?;
-            }
-        }
-        if let Some(mark) = config.fwmark {
-            state.fwmark = mark;
-            self.sockets().0.set_fwmark(mark).map_err(|e| UapiError {
-                errno: e.raw_os_error().unwrap_or(libc::EIO),
-                message: format!("setting fwmark {mark}: {e}"),
-            })?;
-        }
-        // The same key again (a restarted flanneld configuring the tunnel it left) keeps the
-        // sessions, as the kernel's WireGuard does.
-        let current = state.identity.as_ref().map(|i| i.key);
-        if let Some(key) = config
-            .private_key
-            .filter(|k| Some(*k) != current && !(k.is_zero() && current.is_none()))
-        {
-            let identity = (!key.is_zero()).then(|| {
-                let secret = StaticSecret::from(key.0);
-                let public = PublicKey::from(&secret);
-                Identity {
-                    secret,
-                    public,
-                    key,
-                }
-            });
-            if let Some(id) = &identity {
-                state.rate_limiter = new_limiter(&id.public);
-            }
-            state.identity = identity;
-            let st = &*state;
-            for peer in st.peers.values() {
-                peer.renew_tunn(st);
-            }
-        }
-        if config.replace_peers {
-            state.peers.clear();
-            state.by_index.clear();
-            state.allowed = AllowedIps::default();
-        }
-        for p in &config.peers {
-            self.apply_peer(&mut state, p);
-        }
-        Ok(())
-    }
-
-    fn apply_peer(&self, state: &mut State, p: &PeerConfig) {
-        if p.remove {
-            if let Some(peer) = state.peers.remove(&p.public_key) {
-                state.by_index.remove(&peer.index);
-                for net in lock(&peer.settings).allowed_ips.drain(..) {
-                    state.allowed.remove(net);
-                }
-            }
-            return;
-        }
-        let peer = match state.peers.get(&p.public_key) {
-            Some(peer) => peer.clone(),
-            None if p.update_only => return,
-            None => {
-                let index = loop {
-                    let i = self.next_index.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
-                    if i != 0 && !state.by_index.contains_key(&i) {
-                        break i;
-                    }
-                };
-                let peer = Arc::new(Peer {
-                    key: p.public_key,
-                    index,
-                    tunn: Mutex::new(None),
-                    endpoint: Mutex::new(None),
-                    settings: Mutex::new(PeerSettings {
-                        psk: p.preshared_key.filter(|k| !k.is_zero()),
-                        keepalive: p.persistent_keepalive.unwrap_or(0),
-                        allowed_ips: Vec::new(),
-                    }),
-                    rx_bytes: AtomicU64::new(0),
-                    tx_bytes: AtomicU64::new(0),
-                });
-                peer.renew_tunn(state);
-                state.peers.insert(p.public_key, peer.clone());
-                state.by_index.insert(index, peer.clone());
-                peer
-            }
-        };
-        let rebuild = {
-            let mut s = lock(&peer.settings);
-            let mut changed = false;
-            if let Some(psk) = p.preshared_key {
-                let psk = (!psk.is_zero()).then_some(psk);
-                changed |= s.psk != psk;
-                s.psk = psk;
-            }
-            if let Some(k) = p.persistent_keepalive {
-                changed |= s.keepalive != k;
-                s.keepalive = k;
-            }
-            changed
-        };
-        if rebuild {
-            peer.renew_tunn(state);
-        }
-        if let Some(ep) = p.endpoint {
-            *lock(&peer.endpoint) = Some(ep);
-        }
-        if p.replace_allowed_ips {
-            for net in lock(&peer.settings).allowed_ips.drain(..) {
-                state.allowed.remove(net);
-            }
-        }
-        for net in &p.allowed_ips {
-            let net = canonical(*net);
-            if let Some(previous) = state.allowed.insert(net, peer.clone()) {
-                if !Arc::ptr_eq(&previous, &peer) {
-                    lock(&previous.settings).allowed_ips.retain(|n| *n != net);
-                }
-            }
-            let mut s = lock(&peer.settings);
-            if !s.allowed_ips.contains(&net) {
-                s.allowed_ips.push(net);
-            }
-        }
-    }
-
-    /// What the device holds, for `get=1`.
-    pub fn state(&self) -> DeviceState {
-        let state = self.read_state();
-        let (sockets, _) = self.sockets();
-        let now = SystemTime::now();
-        let mut peers: Vec<PeerState> = state
-            .peers
-            .values()
-            .map(|peer| {
-                let s = lock(&peer.settings);
-                let since = lock(&peer.tunn)
-                    .as_ref()
-                    .and_then(|t| t.time_since_last_handshake());
-                PeerState {
-                    public_key: peer.key,
-                    preshared_key: s.psk,
-                    endpoint: *lock(&peer.endpoint),
-                    persistent_keepalive: s.keepalive,
-                    allowed_ips: s.allowed_ips.clone(),
-                    last_handshake: since
-                        .and_then(|d| now.checked_sub(d))
-                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok()),
-                    rx_bytes: peer.rx_bytes.load(Ordering::Relaxed),
-                    tx_bytes: peer.tx_bytes.load(Ordering::Relaxed),
-                }
-            })
-            .collect();
-        peers.sort_by_key(|p| p.public_key);
-        DeviceState {
-            private_key: state.identity.as_ref().map(|i| i.key),
-            listen_port: sockets.port,
-            fwmark: state.fwmark,
-            peers,
-        }
-    }
-}
-
-/// Writes a decrypted packet to TUN if its source is one the peer may send from.
-fn deliver(
-    state: &State,
-    peer: &Arc<Peer>,
-    tun: &Tun,
-    queue: usize,
-    packet: &[u8],
-    from: IpAddr,
-) -> std::io::Result<()> {
-    match state.allowed.lookup(from) {
-        Some(owner) if Arc::ptr_eq(owner, peer) => tun.write(queue, packet),
-        _ => Ok(()),
     }
 }

@@ -10,13 +10,17 @@ use std::thread;
 use wgtunnel::{server, Device};
 use wireguard::uapi::SOCKET_DIR;
 
-const USAGE: &str = "usage: flannel-wireguard <interface> [--socket-dir DIR] [--queues N]";
+const USAGE: &str =
+    "usage: flannel-wireguard <interface> [--socket-dir DIR] [--queues N] [--workers N]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut name = None;
     let mut dir = PathBuf::from(SOCKET_DIR);
-    let mut queues = thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    // One TUN queue keeps each peer's packets in counter order on the wire; the crypto is
+    // spread over the cores by the workers, one fewer than the cores (the readers work too).
+    let mut queues = 1;
+    let mut workers = thread::available_parallelism().map_or(0, |n| n.get().min(8) - 1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--socket-dir" => match args.next() {
@@ -26,6 +30,10 @@ fn main() -> ExitCode {
             "--queues" => match args.next().and_then(|n| n.parse().ok()).filter(|n| *n >= 1) {
                 Some(n) => queues = n,
                 None => return usage("--queues needs a number of at least 1"),
+            },
+            "--workers" => match args.next().and_then(|n| n.parse().ok()) {
+                Some(n) => workers = n,
+                None => return usage("--workers needs a number"),
             },
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -61,7 +69,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let dev = match Device::start(&name, queues) {
+    let dev = match Device::start(&name, queues, workers) {
         Ok(d) => d,
         Err(e) => {
             let _ = std::fs::remove_file(&sock_path);
@@ -78,8 +86,9 @@ fn main() -> ExitCode {
         d.stop(format!("signal {sig}"));
     });
     eprintln!(
-        "flannel-wireguard {name}: serving {} with {queues} queue(s)",
-        sock_path.display()
+        "flannel-wireguard {name}: serving {} with {queues} queue(s), {workers} crypto worker(s), TUN offloads {:#x}",
+        sock_path.display(),
+        dev.offloads()
     );
     let reason = dev.wait();
     let _ = std::fs::remove_file(&sock_path);
