@@ -130,7 +130,7 @@ pub fn text(look: &Look, objects: &Objects) -> String {
                 .map(move |ip| (addr_value(&ip), name.clone()))
         })
         .collect();
-    let _ = writeln!(out, "pods of node {}:", look.node);
+    let _ = writeln!(out, "pods on {}:", look.node);
     if look.compiled.pods.is_empty() {
         let _ = writeln!(out, "  none");
     }
@@ -184,7 +184,7 @@ mod tests {
         assert_eq!(
             text(&look, &o),
             "FAIL table    inet flannel-netpol is missing\n\
-             pods of node n1:\n\
+             pods on n1:\n\
              x/a 10.0.0.2\n\
              \x20 ingress  isolated by x/p\n\
              \x20          allows from 10.0.0.3 (x/b) tcp 80\n\
