@@ -2,7 +2,8 @@
 //! Kubernetes API), checked as Kubernetes would read them (no cluster and no registry here):
 //! their objects and the DaemonSet's pod, the kube mode's RBAC against what the daemon's tests
 //! prove it needs, the images and paths they name against what deploy/Dockerfile builds, and
-//! the init container's step (deploy/cni-install.sh) run for real against a throwaway root.
+//! the init container's step (deploy/cni-install.sh) run for real against a throwaway root; and
+//! netpol.yml, flannel-netpol's DaemonSet, its RBAC against what the enforcer's tests give it.
 
 use e2e::plugins::{repo_root, PLUGINS};
 use serde_json::Value;
@@ -640,4 +641,86 @@ fn the_image_from_prebuilt_binaries_is_the_image_the_dockerfile_compiles() {
         .split(',')
         .collect();
     assert_eq!(included, installed, "scripts/image.sh's base packages");
+}
+
+/// deploy/kubernetes/netpol.yml: flannel-netpol's DaemonSet and RBAC.
+const NETPOL: &str = "netpol.yml";
+
+#[test]
+fn the_netpol_role_allows_exactly_what_the_enforcer_asks_for() {
+    let docs = manifest_at(NETPOL);
+    let role = object(&docs, "ClusterRole", "flannel-netpol");
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for r in strs(&rule["resources"]) {
+            let group = if r == "networkpolicies" {
+                "networking.k8s.io"
+            } else {
+                ""
+            };
+            assert_eq!(strs(&rule["apiGroups"]), [group], "{r}'s group: {rule}");
+            for v in strs(&rule["verbs"]) {
+                granted.insert((v.to_string(), r.to_string()));
+            }
+        }
+    }
+    // The rules the enforcer's tests give it at the API server stand-in.
+    let needed: BTreeSet<(String, String)> = testkit::kube_api::NETPOL_RULES
+        .iter()
+        .map(|(v, r)| (v.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(granted, needed);
+    let binding = object(&docs, "ClusterRoleBinding", "flannel-netpol");
+    assert_eq!(binding["roleRef"]["name"], "flannel-netpol");
+    let sa = &binding["subjects"][0];
+    let account = object(&docs, "ServiceAccount", sa["name"].as_str().unwrap());
+    assert_eq!(account["metadata"]["namespace"], sa["namespace"]);
+}
+
+#[test]
+fn the_enforcer_runs_from_the_image_on_the_hosts_network_knowing_its_node() {
+    let docs = manifest_at(NETPOL);
+    let set = daemonset(&docs);
+    let pod = &set["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["serviceAccountName"], "flannel-netpol");
+    assert_eq!(
+        set["metadata"]["namespace"],
+        object(&docs, "ServiceAccount", "flannel-netpol")["metadata"]["namespace"]
+    );
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    assert_eq!(c["image"], image().as_str());
+    let cmd = strs(&c["command"]);
+    assert_eq!(cmd, ["/usr/local/bin/flannel-netpol"]);
+    assert!(in_image(cmd[0]), "{} is not in the image", cmd[0]);
+    assert_eq!(
+        c["env"][0],
+        serde_json::json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    );
+    assert_eq!(
+        strs(&c["securityContext"]["capabilities"]["add"]),
+        ["NET_ADMIN"]
+    );
+    assert_eq!(c["securityContext"]["privileged"], false);
+    // The arguments are the binary's, and the probe asks where it serves.
+    let args = strs(&c["args"]);
+    let out = Command::new(testkit::bin_dir().join("flannel-netpol"))
+        .args(&args)
+        .arg("--version")
+        .output()
+        .expect("running flannel-netpol");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let served = flag(&args, "--metrics-bind-address").unwrap();
+    let probe = &c["livenessProbe"]["httpGet"];
+    assert_eq!(
+        format!("{}:{}", probe["host"].as_str().unwrap(), probe["port"]),
+        served
+    );
+    assert_eq!(probe["path"], "/healthz");
 }
