@@ -19,8 +19,9 @@ demo=(gcc libc6-dev protobuf-compiler ca-certificates procps iptables nftables i
 # wireguard-go and wireguard-tools: the userspace tunnel's interop tests pair it with Go's and
 # configure both with `wg`; iperf3: the WireGuard throughput benchmark; tcpdump: the capture
 # test showing only UDP on the underlay between wireguard nodes; mmdebstrap: the fresh Debian
-# root filesystems of scripts/fresh-machine.sh and scripts/image.sh.
-tests=("${demo[@]}" conntrack kmod containernetworking-plugins podman containerd runc etcd-server etcd-client curl openssl systemd iputils-ping python3-kubernetes wireguard-go wireguard-tools iperf3 tcpdump mmdebstrap)
+# root filesystems of scripts/fresh-machine.sh and scripts/image.sh; ethtool: what an operator
+# reads of the vxlan device's checksum offload, beside flanneld's own ioctl.
+tests=("${demo[@]}" conntrack kmod containernetworking-plugins podman containerd runc etcd-server etcd-client curl openssl systemd iputils-ping python3-kubernetes wireguard-go wireguard-tools iperf3 tcpdump mmdebstrap ethtool)
 # kubectl drives the same test; the machine image ships one at /usr/bin/kubectl, elsewhere Debian's
 # kubernetes-client (its kubectl 1.20 has no `patch --subresource`, which that test uses).
 command -v kubectl >/dev/null || tests+=(kubernetes-client)
