@@ -3,6 +3,7 @@
 
 pub mod conntrack;
 pub mod error;
+pub mod ethtool;
 pub mod firewall;
 pub mod netlink;
 pub mod netns;
