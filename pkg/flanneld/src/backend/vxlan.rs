@@ -4,11 +4,12 @@
 //! via that network address on the device, onlink. With `DirectRouting`, a node on the
 //! external interface's own link is reached by a plain path via its public address instead.
 
-use super::api::{Backend, Device, Here, Peer, Skip};
+use super::api::{Backend, Device, Held, Here, Peer, Skip};
 use crate::config::{field, ConfigError, NetConfig};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
+use cni_kernel::ethtool;
 use cni_kernel::netlink::{
     format_mac, Conn, FdbEntry, Link, Neighbour, Vxlan as VxlanAttrs, VxlanSpec,
 };
@@ -32,6 +33,10 @@ pub struct Vxlan {
     pub gbp: bool,
     pub learning: bool,
     pub direct_routing: bool,
+    /// `TxChecksumOffload`: false turns the device's tx checksum offload off, and keeps it off
+    /// (where vxlan packets leave with bad checksums: flannel-io/flannel#2152); true leaves the
+    /// kernel's default.
+    pub tx_checksum_offload: bool,
 }
 
 fn refuse(key: &str, v: &Value, reason: &str) -> ConfigError {
@@ -61,8 +66,16 @@ fn uint(
 }
 
 fn flag(b: &serde_json::Map<String, Value>, key: &str) -> Result<bool, ConfigError> {
+    flag_or(b, key, false)
+}
+
+fn flag_or(
+    b: &serde_json::Map<String, Value>,
+    key: &str,
+    default: bool,
+) -> Result<bool, ConfigError> {
     match field(b, key) {
-        None | Some(Value::Null) => Ok(false),
+        None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(x)) => Ok(*x),
         Some(v) => Err(refuse(key, v, "must be true or false")),
     }
@@ -104,6 +117,7 @@ impl Vxlan {
             gbp: flag(b, "GBP")?,
             learning: flag(b, "Learning")?,
             direct_routing: flag(b, "DirectRouting")?,
+            tx_checksum_offload: flag_or(b, "TxChecksumOffload", true)?,
         })
     }
 
@@ -123,6 +137,7 @@ impl Vxlan {
                 mtu: Some(self.device_mtu(family, ext)),
                 mac,
             },
+            tx_checksum_off: !self.tx_checksum_offload,
         }
     }
 
@@ -205,6 +220,8 @@ impl Backend for Vxlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VxlanDevice {
     pub link: VxlanSpec,
+    /// Its tx checksum offload is kept off (`TxChecksumOffload` false).
+    pub tx_checksum_off: bool,
 }
 
 impl VxlanDevice {
@@ -237,8 +254,12 @@ impl Device for VxlanDevice {
     }
 
     fn show(&self, held: &Link) -> String {
+        let csum = match ethtool::tx_checksum(&held.name) {
+            Ok(on) => format!("tx checksum offload {}", if on { "on" } else { "off" }),
+            Err(e) => format!("tx checksum offload unknown ({e})"),
+        };
         format!(
-            "{} mac {} (the lease says {})",
+            "{} mac {} (the lease says {}), {csum}",
             held.name,
             held.mac_string(),
             self.link
@@ -248,9 +269,29 @@ impl Device for VxlanDevice {
         )
     }
 
+    /// With `TxChecksumOffload` false, the offload still on is a difference.
+    fn inspect<'a>(&'a self, held: &'a Link) -> BoxFuture<'a, cni_kernel::Result<Held>> {
+        Box::pin(async move {
+            let mut found = Held::default();
+            if self.tx_checksum_off && ethtool::tx_checksum(&held.name)? {
+                found
+                    .differences
+                    .push("tx checksum offload on (Backend.TxChecksumOffload is false)".into());
+            }
+            Ok(found)
+        })
+    }
+
     fn make<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, cni_kernel::Result<Link>> {
         Box::pin(async move {
             let (link, _) = conn.ensure_vxlan(&self.link).await?;
+            if self.tx_checksum_off && ethtool::tx_checksum(&link.name)? {
+                ethtool::set_tx_checksum(&link.name, false)?;
+                info!(
+                    "vxlan device {}: tx checksum offload turned off (Backend.TxChecksumOffload)",
+                    link.name
+                );
+            }
             info!(
                 "vxlan device {} made or mended (VNI {}, VtepMAC {})",
                 self.link.name,
@@ -286,6 +327,7 @@ impl Device for VxlanDevice {
                     mac: Some(mac),
                     ..self.link.clone()
                 },
+                ..self.clone()
             };
             if held.is_none_or(|l| !dev.differences(&l).is_empty()) {
                 dev.make(conn).await?;
@@ -343,14 +385,22 @@ mod tests {
                 mtu: None,
                 gbp: false,
                 learning: false,
-                direct_routing: false
+                direct_routing: false,
+                tx_checksum_offload: true,
             }
         );
-        let p = v(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","vni":7,"Port":4789,"MTU":9000,"DirectRouting":true}}"#).unwrap();
+        let p = v(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","vni":7,"Port":4789,"MTU":9000,"DirectRouting":true,"TxChecksumOffload":false}}"#).unwrap();
         assert_eq!(
-            (p.vni, p.port, p.mtu, p.direct_routing),
-            (7, 4789, Some(9000), true)
+            (
+                p.vni,
+                p.port,
+                p.mtu,
+                p.direct_routing,
+                p.tx_checksum_offload
+            ),
+            (7, 4789, Some(9000), true, false)
         );
+        assert!(p.vxlan_device(IpFamily::V4, &ext(), None).tx_checksum_off);
     }
 
     #[test]
@@ -363,6 +413,9 @@ mod tests {
         assert_eq!(e.key, "Backend.DirectRouting");
         let e = v(r#"{"Network":"10.5.0.0/16","Backend":{"MTU":1000}}"#).unwrap_err();
         assert_eq!(e.key, "Backend.MTU");
+        let e =
+            v(r#"{"Network":"10.5.0.0/16","Backend":{"TxChecksumOffload":"off"}}"#).unwrap_err();
+        assert_eq!(e.key, "Backend.TxChecksumOffload");
     }
 
     #[test]
