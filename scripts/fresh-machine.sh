@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The README's first command on a fresh machine, as a new user runs it: a Debian bookworm root
-# filesystem made by mmdebstrap (apt and nothing else), this checkout as `git archive HEAD` gives
-# it, the host's Rust toolchain mounted read-only, and `scripts/demo.sh` run to its end as root
-# in a privileged podman container. Whatever the demo needs beyond the toolchain, scripts/deps.sh
-# must install, or it fails here. Afterwards no namespace or demo process may be left in the
-# container, and the machine's root namespace has the links it had.
+# The README's first two commands on a fresh machine, as a new user runs them: a Debian bookworm
+# root filesystem made by mmdebstrap (apt and nothing else), this checkout as `git archive HEAD`
+# gives it, the host's Rust toolchain mounted read-only, and `scripts/demo.sh` run to its end as
+# root in a privileged podman container; then `scripts/deps.sh tests` and a build of every test
+# target there. Whatever the demo and the tests need beyond the toolchain, scripts/deps.sh must
+# install, or it fails here; no kernel image may come with it. Afterwards no namespace or demo
+# process may be left in the container, and the machine's root namespace has the links it had.
 #   scripts/fresh-machine.sh [--keep-target DIR] [DEMO ARGUMENTS...]
 #   --keep-target DIR   move the container's target/ (the demo's static release build) to DIR
 # The container shares the host's network namespace, as apt and cargo need the mirrors; the
@@ -18,7 +19,7 @@ keep_target=
 while [ $# -gt 0 ]; do
     case "$1" in
         --keep-target) keep_target=${2:?--keep-target needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) break ;;
     esac
 done
@@ -108,7 +109,16 @@ left=$(ip netns list)
 [ -z "$left" ] || { echo "FAILED: the demo left network namespaces: $left" >&2; exit 1; }
 left=$(ps -eo pid=,comm= | grep -E " (flanneld|etcd|kube-apiserver-|busybox|socat)$" || true)
 [ -z "$left" ] || { echo "FAILED: the demo left processes running: $left" >&2; exit 1; }
-echo "CPU time of the demo (user, system; its children below):"; times'
+echo "CPU time of the demo (user, system; its children below):"; times
+t=$(date +%s)
+scripts/deps.sh tests
+kernels=$(dpkg-query -W -f "\${Package} \${Status}\n" "linux-image-*" 2>/dev/null | grep " installed$" || true)
+[ -z "$kernels" ] || { echo "FAILED: scripts/deps.sh tests installed a kernel: $kernels" >&2; exit 1; }
+echo "scripts/deps.sh tests: $(( $(date +%s) - t )) s"
+t=$(date +%s)
+# Its own target directory, in the container: the kept target/ holds the release build only.
+CARGO_TARGET_DIR=/var/tmp/test-target cargo test --workspace --no-run --locked --quiet
+echo "every test target built: $(( $(date +%s) - t )) s"'
 t=$(date +%s)
 status=0
 # In the background, so that a TERM to this script reaches its cleanup at once.
@@ -116,7 +126,7 @@ podman run --rm --name "$name" --privileged --network host "${mounts[@]}" -w /sr
     -e PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     "localhost/$name:$release" bash -c "$check" demo "$@" &
 wait $! || status=$?
-echo "scripts/demo.sh $* in the container: $(elapsed "$t"), exit status $status"
+echo "scripts/demo.sh $*, scripts/deps.sh tests and the test build in the container: $(elapsed "$t"), exit status $status"
 
 after=$(root_links)
 if [ "$before" != "$after" ]; then
@@ -130,5 +140,5 @@ if [ "$status" = 0 ] && [ -n "$keep_target" ]; then
     mv "$work/src/target" "$keep_target"
     echo "the container's target/ is now $keep_target"
 fi
-[ "$status" = 0 ] && echo "PASSED: scripts/demo.sh $* on a fresh Debian $release"
+[ "$status" = 0 ] && echo "PASSED: scripts/demo.sh $*, scripts/deps.sh tests and the test build on a fresh Debian $release"
 exit "$status"
