@@ -12,8 +12,18 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
-/// How long one request may take before it counts as failed.
+/// How long one request may take, its tries on other members included, before it counts as
+/// failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one try of a request that may be repeated waits for its member: a member cut off
+/// the network holds it until then, and the next try goes to another.
+const TRY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The pause after a failed try, doubling up to the second: a member without a leader fails a
+/// request at once, so during a lost quorum this paces the tries, and the first one after the
+/// quorum's return comes within it.
+const TRY_PAUSES: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
 
 /// The largest answer taken from etcd, as Go's etcd client takes (2 GiB): the gRPC library's
 /// default, 4 MiB, is the listing of about 20,000 leases, and a transaction's events come to a
@@ -113,6 +123,92 @@ pub fn etcd_cause(e: &etcd_client::Error, opts: &EtcdOptions) -> String {
     }
 }
 
+/// Which failures of a request are tried again, on whichever member the client picks next.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Repeat {
+    /// Reads, and writes that may take effect twice (a renewal's put, a grant, a delete): every
+    /// failure of the member or of the connection to it.
+    Any,
+    /// A create, which a second try would find done and so fail: only failures that show the
+    /// request never reached etcd's log (no connection, a member without a leader).
+    IfNotApplied,
+}
+
+/// Whether a failed try is worth another: the member or the way to it failed, not the request.
+/// The client keeps a connection's failure and hands it to the next request on it, even after
+/// the member serves again; a second try reconnects or goes to another member.
+fn worth_another_try(e: &etcd_client::Error, repeat: Repeat) -> bool {
+    use tonic::Code;
+    let not_applied = |m: &str| {
+        let m = m.to_ascii_lowercase();
+        m.contains("no leader") || m.contains("connect") || m.contains("refused")
+    };
+    match e {
+        etcd_client::Error::GRpcStatus(s) => match s.code() {
+            Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded => {
+                repeat == Repeat::Any || not_applied(s.message())
+            }
+            _ => false,
+        },
+        etcd_client::Error::TransportError(t) => {
+            repeat == Repeat::Any || not_applied(&format!("{t:?}"))
+        }
+        etcd_client::Error::IoError(_) => repeat == Repeat::Any,
+        _ => false,
+    }
+}
+
+/// One request to etcd: `send` makes each try with a handle of the client; a try that fails
+/// for its member is made again after a short pause (see [`Repeat`]), until REQUEST_TIMEOUT.
+async fn request<T, F, Fut>(
+    opts: &EtcdOptions,
+    what: &str,
+    client: &Client,
+    repeat: Repeat,
+    mut send: F,
+) -> Result<T>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut pause = TRY_PAUSES.0;
+    // The last failure a member gave, said rather than a timeout when time runs out.
+    let mut last = None;
+    let failed = |last: Option<etcd_client::Error>| match last {
+        Some(source) => RegistryError::Etcd {
+            what: what.to_string(),
+            cause: etcd_cause(&source, opts),
+            source,
+        },
+        None => RegistryError::Timeout {
+            what: what.to_string(),
+            after: REQUEST_TIMEOUT,
+        },
+    };
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let limit = match repeat {
+            Repeat::Any => left.min(TRY_TIMEOUT),
+            Repeat::IfNotApplied => left,
+        };
+        match tokio::time::timeout(limit, send(client.clone())).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if worth_another_try(&e, repeat) => last = Some(e),
+            Ok(Err(e)) => return Err(failed(Some(e))),
+            Err(_) if repeat == Repeat::IfNotApplied => return Err(failed(None)),
+            Err(_) => {}
+        }
+        if tokio::time::Instant::now() + pause >= deadline {
+            return Err(failed(last));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(TRY_PAUSES.1);
+    }
+}
+
+/// Connecting: one try, bounded by REQUEST_TIMEOUT (the client connects lazily; only a user's
+/// authentication makes a request here).
 async fn timed<T>(
     opts: &EtcdOptions,
     what: &str,
@@ -144,10 +240,15 @@ fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>> {
 impl EtcdRegistry {
     /// The client options from the flags; a TLS file that cannot be read is an error.
     pub fn connect_options(opts: &EtcdOptions) -> Result<ConnectOptions> {
+        // A member without a leader answers at once rather than holding the request (and
+        // ends a watch it serves), as Go's client asks. Pings only while a request or watch is
+        // open: etcd answers pings on an idle connection with GOAWAY after three; every 6 s (etcd
+        // allows one per 5 s) so that a watch on a member cut off is given up within 9 s.
         let mut co = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(3))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3))
+            .with_keep_alive_while_idle(false)
+            .with_require_leader(true);
         if let (Some(u), Some(p)) = (&opts.username, &opts.password) {
             co = co.with_user(u.clone(), p.clone());
         }
@@ -212,7 +313,7 @@ impl EtcdRegistry {
     /// again from that answer's revision, so nodes starting together do not take turns.
     async fn create_guarded(
         &self,
-        c: &mut Client,
+        c: &Client,
         key: &SubnetKey,
         path: &str,
         value: &str,
@@ -249,7 +350,12 @@ impl EtcdRegistry {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else(otherwise);
-            let r = timed(&self.opts, &format!("creating {path}"), c.txn(txn)).await?;
+            let what = format!("creating {path}");
+            let r = request(&self.opts, &what, c, Repeat::IfNotApplied, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
             if r.succeeded() {
                 return Ok(());
             }
@@ -280,13 +386,12 @@ impl EtcdRegistry {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let mut c = self.client().await?;
+        let c = self.client().await?;
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
-        let grant = timed(
-            &self.opts,
-            "granting an etcd lease",
-            c.lease_grant(ttl_secs, None),
-        )
+        let what = "granting an etcd lease";
+        let grant = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
+            c.lease_grant(ttl_secs, None).await
+        })
         .await?;
         Ok(grant.id())
     }
@@ -294,29 +399,26 @@ impl EtcdRegistry {
 
 impl EtcdRegistry {
     async fn read_config(&self) -> Result<Option<Vec<u8>>> {
-        let mut c = self.client().await?;
+        let c = self.client().await?;
         let key = format!("{}/config", self.opts.prefix);
-        let resp = timed(
-            &self.opts,
-            &format!("reading {key}"),
-            c.get(key.as_str(), None),
-        )
+        let what = format!("reading {key}");
+        let key = key.as_str();
+        let resp = request(&self.opts, &what, &c, Repeat::Any, |mut c| async move {
+            c.get(key, None).await
+        })
         .await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     async fn list_leases(&self) -> Result<Listing> {
-        let mut c = self
-            .client()
-            .await?
-            .kv_client()
-            .max_decoding_message_size(MAX_ANSWER);
+        let c = self.client().await?;
         let prefix = self.subnets_prefix();
-        let resp = timed(
-            &self.opts,
-            &format!("listing {prefix}"),
-            c.get(prefix.as_str(), Some(GetOptions::new().with_prefix())),
-        )
+        let what = format!("listing {prefix}");
+        let from = prefix.as_str();
+        let resp = request(&self.opts, &what, &c, Repeat::Any, |c| async move {
+            let mut kv = c.kv_client().max_decoding_message_size(MAX_ANSWER);
+            kv.get(from, Some(GetOptions::new().with_prefix())).await
+        })
         .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         let entries = resp
@@ -343,20 +445,23 @@ impl EtcdRegistry {
 
     async fn follow(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
         let prefix = self.subnets_prefix();
-        let mut c = match self.client().await {
-            Ok(c) => c.watch_client().max_decoding_message_size(MAX_ANSWER),
+        let c = match self.client().await {
+            Ok(c) => c,
             Err(e) => return WatchEnd::Broken(e),
         };
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
-        let mut stream = match timed(
-            &self.opts,
-            &format!("watching {prefix}"),
-            c.watch(prefix.as_str(), Some(opts)),
-        )
-        .await
-        {
+        let what = format!("watching {prefix}");
+        let from = prefix.as_str();
+        let watching = request(&self.opts, &what, &c, Repeat::Any, |c| {
+            let opts = opts.clone();
+            async move {
+                let mut w = c.watch_client().max_decoding_message_size(MAX_ANSWER);
+                w.watch(from, Some(opts)).await
+            }
+        });
+        let mut stream = match watching.await {
             Ok(s) => s,
             Err(e) => return WatchEnd::Broken(e),
         };
@@ -441,19 +546,18 @@ impl KeyValue for EtcdRegistry {
     ) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let mut c = self.client().await?;
+        let c = self.client().await?;
         let result = self
-            .create_guarded(&mut c, key, &path, value, lease, listed)
+            .create_guarded(&c, key, &path, value, lease, listed)
             .await;
         match result {
             Ok(()) => Ok(SystemTime::now() + ttl),
             Err(e) => {
                 // The grant would only expire by itself; give it back now.
-                let _ = timed(
-                    &self.opts,
-                    "revoking an unused etcd lease",
-                    c.lease_revoke(lease),
-                )
+                let what = "revoking an unused etcd lease";
+                let _ = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
+                    c.lease_revoke(lease).await
+                })
                 .await;
                 Err(e)
             }
@@ -466,7 +570,7 @@ impl KeyValue for EtcdRegistry {
     async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let mut c = self.client().await?;
+        let c = self.client().await?;
         let txn = Txn::new()
             .when([
                 Compare::version(path.as_str(), CompareOp::Greater, 0),
@@ -478,14 +582,19 @@ impl KeyValue for EtcdRegistry {
                 value,
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let r = timed(&self.opts, &format!("renewing {path}"), c.txn(txn)).await?;
+        // Either branch writes the same value again: the renewal may be tried twice.
+        let what = format!("renewing {path}");
+        let r = request(&self.opts, &what, &c, Repeat::Any, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await?;
         if r.succeeded() {
             // A reservation holds no lease: the one granted is not needed.
-            let _ = timed(
-                &self.opts,
-                "revoking an unused etcd lease",
-                c.lease_revoke(lease),
-            )
+            let what = "revoking an unused etcd lease";
+            let _ = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
+                c.lease_revoke(lease).await
+            })
             .await;
         }
         Ok(SystemTime::now() + ttl)
@@ -493,13 +602,49 @@ impl KeyValue for EtcdRegistry {
 
     async fn delete(&self, key: &SubnetKey) -> Result<()> {
         let path = self.lease_key(key);
-        let mut c = self.client().await?;
-        timed(
-            &self.opts,
-            &format!("deleting {path}"),
-            c.delete(path.as_str(), None),
-        )
+        let c = self.client().await?;
+        let what = format!("deleting {path}");
+        let at = path.as_str();
+        request(&self.opts, &what, &c, Repeat::Any, |mut c| async move {
+            c.delete(at, None).await
+        })
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    fn status(code: Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(Status::new(code, message))
+    }
+
+    #[test]
+    fn a_failed_member_is_tried_again_and_a_refused_request_is_not() {
+        let no_leader = status(Code::Unavailable, "etcdserver: no leader");
+        let refused = status(Code::Unavailable, "tcp connect error: Connection refused");
+        let timed_out = status(Code::Unavailable, "etcdserver: request timed out");
+        let reset = status(Code::Unknown, "transport error");
+        for e in [&no_leader, &refused, &timed_out, &reset] {
+            assert!(worth_another_try(e, Repeat::Any), "{e}");
+        }
+        // A create may have taken effect unless the member had no leader or was not reached.
+        assert!(worth_another_try(&no_leader, Repeat::IfNotApplied));
+        assert!(worth_another_try(&refused, Repeat::IfNotApplied));
+        assert!(!worth_another_try(&timed_out, Repeat::IfNotApplied));
+        assert!(!worth_another_try(&reset, Repeat::IfNotApplied));
+        for e in [
+            status(Code::PermissionDenied, "etcdserver: permission denied"),
+            status(Code::InvalidArgument, "etcdserver: authentication failed"),
+            status(
+                Code::FailedPrecondition,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+        ] {
+            assert!(!worth_another_try(&e, Repeat::Any), "{e}");
+        }
     }
 }
