@@ -54,11 +54,15 @@ fn a_blackhole_route_to_the_subnet_is_kept_and_doctor_sees_it() {
 #[test]
 fn where_a_bridge_holds_the_subnet_it_is_left_alone_with_one_warning() {
     let node = Node::new("fbb");
+    // Dual-stack: the bridge holds the IPv4 subnet only, so the IPv6 blackhole route, deleted
+    // and put back at each pass, shows the passes that go by.
+    node.ns
+        .ip(&["addr", "add", "fd00:100::1/64", "dev", "eth0", "nodad"]);
     let reg = node.path("registry");
     std::fs::create_dir_all(reg.join("subnets")).unwrap();
     std::fs::write(
         reg.join("config"),
-        r#"{"Network":"10.9.0.0/16","Backend":{"Type":"alloc"}}"#,
+        r#"{"Network":"10.9.0.0/16","EnableIPv6":true,"IPv6Network":"fc00:9::/48","Backend":{"Type":"alloc"}}"#,
     )
     .unwrap();
     let reg = reg.display().to_string();
@@ -73,8 +77,30 @@ fn where_a_bridge_holds_the_subnet_it_is_left_alone_with_one_warning() {
     args.push("--ip-blackhole-route");
     let mut b = Daemon::start(&node, "b", &args, &[]);
     b.wait_log("another route to", T);
-    std::thread::sleep(Duration::from_secs(3));
+    let v6 = b
+        .wait_subnet_env(T)
+        .lines()
+        .find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))
+        .expect("an IPv6 subnet")
+        .replace("::1/64", "::/64");
+    let v6_blackhole = || {
+        node.ns
+            .run("ip", &["-6", "route", "show", "type", "blackhole"])
+            .contains(&v6)
+    };
+    for pass in 1..=3 {
+        wait_for(&format!("the IPv6 blackhole route ({pass})"), T, || {
+            v6_blackhole().then_some(())
+        });
+        node.ns.ip(&["-6", "route", "del", "blackhole", &v6]);
+    }
+    wait_for("the IPv6 blackhole route put back", T, || {
+        v6_blackhole().then_some(())
+    });
     assert!(b.running());
-    assert_eq!(blackholes(&node).trim(), "");
+    let v4 = node
+        .ns
+        .run("ip", &["-4", "route", "show", "type", "blackhole"]);
+    assert_eq!(v4.trim(), "");
     assert_eq!(b.log_text().matches("another route to").count(), 1);
 }

@@ -377,7 +377,7 @@ fn tls_with_client_certificates() {
     assert!(etcd.lease_keys(&node).contains(&key_of(&subnet)));
     // Without a client certificate etcd refuses it: no lease, no subnet.env, still running.
     let mut b = daemon(&node, &etcd, "b", "192.168.100.12", &["--etcd-cafile", &ca]);
-    std::thread::sleep(Duration::from_secs(3));
+    b.wait_log("no client certificate", T);
     assert!(b.running());
     assert!(!b.subnet_file.exists());
     assert_eq!(etcd.lease_keys(&node).len(), 1);
@@ -423,6 +423,21 @@ fn user_and_password() {
 #[test]
 fn an_unreachable_etcd_at_start_is_waited_for() {
     let node = Node::new("fdw");
+    // Each try to connect is a SYN to port 2379, counted here.
+    node.ns.run(
+        "nft",
+        &["add table inet tries; add chain inet tries out { type filter hook output priority 0 ; } ; \
+           add rule inet tries out tcp dport 2379 counter"],
+    );
+    let tries = || {
+        let out = node
+            .ns
+            .run("nft", &["list", "chain", "inet", "tries", "out"]);
+        out.split("packets ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // Nothing listens yet.
     let a = Daemon::start(
         &node,
@@ -435,9 +450,12 @@ fn an_unreachable_etcd_at_start_is_waited_for() {
         ],
         &[],
     );
-    a.wait_log("127.0.0.1:2379", T);
-    // Retried every second, logged once, in the daemon's words only.
-    std::thread::sleep(Duration::from_secs(3));
+    a.wait_log("connection refused at 127.0.0.1:2379", T);
+    // Retried, and logged once, in the daemon's words only.
+    let logged = tries();
+    wait_for("three more tries after the first warning", T, || {
+        (tries() >= logged + 3).then_some(())
+    });
     let log = a.log_text();
     assert_eq!(
         log.matches("connection refused at 127.0.0.1:2379 (--etcd-endpoints)")
