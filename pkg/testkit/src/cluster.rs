@@ -565,11 +565,27 @@ fn wait_listening(ns: &TestNs, port: u16, sockets: usize) {
     );
 }
 
-/// A real etcd in the underlay namespace.
+/// A real etcd: one member in the underlay namespace, or (`Cluster::with_etcd_members`) a
+/// cluster of members, each in a namespace of its own on the underlay's bridge.
 struct Etcd {
-    process: Process,
+    members: Vec<EtcdMember>,
+    /// Every member's client URL, comma-separated, as `--etcd-endpoints` takes them.
     url: String,
 }
+
+/// One etcd member and how it is started again (with its data, after a kill).
+struct EtcdMember {
+    /// Its own namespace, `eth0` plugged into the bridge as port `e<n>`; none for the single
+    /// member in the underlay.
+    ns: Option<TestNs>,
+    args: Vec<String>,
+    client_url: String,
+    log: PathBuf,
+    process: Process,
+}
+
+/// The host byte of etcd member `n`'s address (1-based) on the underlay.
+const ETCD_MEMBER_HOST: u8 = 240;
 
 /// Nodes on one underlay bridge, optionally an etcd, flanneld per node, pods per node.
 /// Fields drop in this order: pods, nodes (their daemons die first), etcd, the API server,
@@ -616,6 +632,34 @@ impl Cluster {
         registry: Registry,
         network_config: &str,
     ) -> Cluster {
+        Cluster::build(underlay, prefix, net, nodes, registry, network_config, 0)
+    }
+
+    /// As `on` with `Registry::Etcd`, the leases in an etcd cluster of `members` members as
+    /// operators run it: each member in a namespace of its own on the bridge (host 241, 242,
+    /// ... of the underlay's first family), every node's flanneld given every member's endpoint.
+    pub fn with_etcd_members(
+        underlay: Underlay,
+        prefix: &str,
+        net: u8,
+        nodes: u8,
+        members: u8,
+        network_config: &str,
+    ) -> Cluster {
+        assert!(members > 0, "an etcd cluster has at least one member");
+        let r = Registry::Etcd;
+        Cluster::build(underlay, prefix, net, nodes, r, network_config, members)
+    }
+
+    fn build(
+        underlay: Underlay,
+        prefix: &str,
+        net: u8,
+        nodes: u8,
+        registry: Registry,
+        network_config: &str,
+        etcd_members: u8,
+    ) -> Cluster {
         let families = underlay;
         let underlay = TestNs::new(&format!("{prefix}u"));
         underlay.ip(&["link", "add", "br0", "type", "bridge"]);
@@ -657,7 +701,7 @@ impl Cluster {
                     .unwrap_or_else(|e| panic!("writing {}/config: {e}", reg.display()));
             }
             Registry::Etcd => {
-                c.start_etcd();
+                c.start_etcd(etcd_members);
                 c.etcdctl(&[
                     "put",
                     &format!("{ETCD_PREFIX}/config"),
@@ -786,7 +830,7 @@ impl Cluster {
         self.dir.path().join("registry")
     }
 
-    /// etcd's client URL, as the nodes reach it.
+    /// etcd's client URLs (one per member, comma-separated), as the nodes reach them.
     pub fn etcd_url(&self) -> Option<&str> {
         self.etcd.as_ref().map(|e| e.url.as_str())
     }
@@ -818,70 +862,227 @@ impl Cluster {
         &mut self.pods[i]
     }
 
-    fn start_etcd(&mut self) {
+    /// Starts etcd: `members` 0, one member in the underlay on the bridge's address; else that
+    /// many members, each in its own namespace. Returns when every member is healthy.
+    fn start_etcd(&mut self, members: u8) {
         assert!(
             Path::new(ETCD).exists(),
             "{ETCD} is missing: scripts/deps.sh tests installs Debian's etcd-server"
         );
-        let host = Family::BOTH
+        let family = Family::BOTH
             .into_iter()
-            .find_map(|f| self.outside(f))
+            .find(|&f| self.families.has(f))
             .expect("an underlay of at least one family");
-        let url = format!("http://{}", host_port(&host, 2379));
-        let data = self.dir.path().join("etcd-data");
-        let log = self.dir.path().join("etcd.log");
-        let log_file =
-            fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
-        let child = self
-            .underlay
+        let host = |n: u8| {
+            self.families
+                .address(family, self.net, n)
+                .expect("the underlay's family")
+        };
+        let mut placed = Vec::new();
+        if members == 0 {
+            placed.push((
+                "underlay".to_string(),
+                None,
+                host(UNDERLAY_HOST),
+                "127.0.0.1".into(),
+            ));
+        }
+        for n in 1..=members {
+            let ns = TestNs::new(&format!("{}e{n}", self.prefix));
+            self.plug(&format!("e{n}"), &ns, "eth0");
+            let addr = host(ETCD_MEMBER_HOST + n);
+            add_address(&ns, &addr, "eth0");
+            ns.ip(&["link", "set", "eth0", "up"]);
+            placed.push((format!("m{n}"), Some(ns), addr.clone(), addr));
+        }
+        let initial_cluster = placed
+            .iter()
+            .map(|(name, _, _, peer)| format!("{name}=http://{}", host_port(peer, 2380)))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (name, ns, client, peer) in placed {
+            let client_url = format!("http://{}", host_port(&client, 2379));
+            let peer_url = format!("http://{}", host_port(&peer, 2380));
+            let data = self.dir.path().join(format!("etcd-{name}"));
+            let mut args: Vec<String> = vec!["--name".into(), name.clone(), "--data-dir".into()];
+            args.push(data.display().to_string());
+            for (flag, value) in [
+                ("--listen-client-urls", &client_url),
+                ("--advertise-client-urls", &client_url),
+                ("--listen-peer-urls", &peer_url),
+                ("--initial-advertise-peer-urls", &peer_url),
+                ("--initial-cluster", &initial_cluster),
+                ("--initial-cluster-token", &self.prefix),
+                ("--log-level", &"warn".to_string()),
+            ] {
+                args.extend([flag.to_string(), value.clone()]);
+            }
+            if members > 0 {
+                // Heartbeats and elections at twice etcd's defaults: a loaded machine delays
+                // the heartbeats of a member now and then, and no election should come of it.
+                args.extend([
+                    "--heartbeat-interval=200".into(),
+                    "--election-timeout=2000".into(),
+                ]);
+            }
+            let mut member = EtcdMember {
+                ns,
+                args,
+                client_url,
+                log: self.dir.path().join(format!("etcd-{name}.log")),
+                process: Process { child: None },
+            };
+            self.spawn_etcd(&mut member);
+            let etcd = self.etcd.get_or_insert_with(|| Etcd {
+                members: Vec::new(),
+                url: String::new(),
+            });
+            etcd.members.push(member);
+        }
+        let etcd = self.etcd.as_mut().expect("etcd members");
+        etcd.url = etcd
+            .members
+            .iter()
+            .map(|m| m.client_url.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        for n in 1..=members.max(1) {
+            self.wait_etcd_member_healthy(n, Duration::from_secs(60));
+        }
+    }
+
+    fn spawn_etcd(&self, member: &mut EtcdMember) {
+        let log_file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&member.log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", member.log.display()));
+        let ns = member.ns.as_ref().unwrap_or(&self.underlay);
+        let child = ns
             .command(ETCD)
-            .args(["--name", "underlay", "--data-dir"])
-            .arg(&data)
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "underlay=http://127.0.0.1:2380",
-                "--log-level",
-                "warn",
-            ])
+            .args(&member.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {ETCD} in {}: {e}", self.underlay.name()));
-        self.etcd = Some(Etcd {
-            process: Process { child: Some(child) },
-            url: url.clone(),
-        });
-        wait_for(
-            &format!(
-                "etcd to answer on {url} in the underlay (log {})",
-                log.display()
-            ),
-            Duration::from_secs(30),
-            || {
-                self.try_etcdctl(&["endpoint", "health"])
-                    .status
-                    .success()
-                    .then_some(())
+            .unwrap_or_else(|e| panic!("starting {ETCD} in {}: {e}", ns.name()));
+        member.process = Process { child: Some(child) };
+    }
+
+    fn etcd_member(&self, n: u8) -> &EtcdMember {
+        let members = &self
+            .etcd
+            .as_ref()
+            .expect("this cluster has no etcd")
+            .members;
+        usize::from(n)
+            .checked_sub(1)
+            .and_then(|i| members.get(i))
+            .unwrap_or_else(|| panic!("no etcd member {n} (1 to {})", members.len()))
+    }
+
+    fn etcd_member_mut(&mut self, n: u8) -> &mut EtcdMember {
+        let members = &mut self
+            .etcd
+            .as_mut()
+            .expect("this cluster has no etcd")
+            .members;
+        let count = members.len();
+        usize::from(n)
+            .checked_sub(1)
+            .and_then(|i| members.get_mut(i))
+            .unwrap_or_else(|| panic!("no etcd member {n} (1 to {count})"))
+    }
+
+    /// How many members the etcd cluster has.
+    pub fn etcd_members(&self) -> u8 {
+        self.etcd.as_ref().map_or(0, |e| e.members.len() as u8)
+    }
+
+    /// Member `n`'s client URL (1-based).
+    pub fn etcd_member_url(&self, n: u8) -> String {
+        self.etcd_member(n).client_url.clone()
+    }
+
+    /// Kills member `n` (SIGKILL, as a crash or an OOM kill), its data kept.
+    pub fn kill_etcd_member(&mut self, n: u8) {
+        self.etcd_member_mut(n).process.kill();
+    }
+
+    /// Starts member `n` again on its data, as systemd would after a crash.
+    pub fn restart_etcd_member(&mut self, n: u8) {
+        let mut member = std::mem::replace(
+            self.etcd_member_mut(n),
+            EtcdMember {
+                ns: None,
+                args: Vec::new(),
+                client_url: String::new(),
+                log: PathBuf::new(),
+                process: Process { child: None },
             },
         );
+        member.process.kill();
+        self.spawn_etcd(&mut member);
+        *self.etcd_member_mut(n) = member;
+    }
+
+    /// Cuts member `n` off the network (`up` false: its port on the bridge down, so neither
+    /// its peers nor the nodes reach it) or plugs it back.
+    pub fn set_etcd_member_link(&self, n: u8, up: bool) {
+        assert!(
+            self.etcd_member(n).ns.is_some(),
+            "member {n} has no link of its own"
+        );
+        let state = if up { "up" } else { "down" };
+        self.underlay.ip(&["link", "set", &format!("e{n}"), state]);
+    }
+
+    /// Whether member `n` answers a linearizable read now (so it has a leader).
+    pub fn etcd_member_healthy(&self, n: u8) -> bool {
+        let url = self.etcd_member(n).client_url.clone();
+        self.try_etcdctl_at(&url, &["endpoint", "health", "--command-timeout=2s"])
+            .status
+            .success()
+    }
+
+    /// Waits until member `n` is healthy, saying which when it is not within `timeout`.
+    pub fn wait_etcd_member_healthy(&self, n: u8, timeout: Duration) {
+        let log = self.etcd_member(n).log.clone();
+        wait_for(
+            &format!(
+                "etcd member {n} ({}) to be healthy (log {})",
+                self.etcd_member(n).client_url,
+                log.display()
+            ),
+            timeout,
+            || self.etcd_member_healthy(n).then_some(()),
+        );
+    }
+
+    /// The member that leads the etcd cluster now, if the members reached agree on one.
+    pub fn etcd_leader(&self) -> Option<u8> {
+        let out = self.try_etcdctl(&["endpoint", "status", "-w", "json", "--command-timeout=2s"]);
+        let statuses: Vec<Value> = serde_json::from_slice(&out.stdout).ok()?;
+        let leader = statuses
+            .iter()
+            .find(|s| s["Status"]["leader"] == s["Status"]["header"]["member_id"])?;
+        let url = leader["Endpoint"].as_str()?;
+        (1..=self.etcd_members()).find(|&n| self.etcd_member(n).client_url == url)
     }
 
     fn try_etcdctl(&self, args: &[&str]) -> Output {
         let url = self.etcd_url().expect("this cluster has no etcd");
+        self.try_etcdctl_at(url, args)
+    }
+
+    /// etcdctl against the members at `urls` (comma-separated), from the underlay; its output.
+    pub fn try_etcdctl_at(&self, urls: &str, args: &[&str]) -> Output {
+        // The last --command-timeout given wins: a caller's own comes after the default.
         self.underlay
             .command("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg("--endpoints")
-            .arg(url)
+            .arg(urls)
             .arg("--command-timeout=5s")
             .args(args)
             .output()
@@ -1329,7 +1530,7 @@ impl Cluster {
     }
 
     /// The conflist as node `index`'s runtime runs it: its subnet.env and data directories.
-    fn node_conflist(&self, index: u8) -> Value {
+    pub fn node_conflist(&self, index: u8) -> Value {
         let node = self.node(index);
         let mut list = self.conflist.clone();
         for plugin in list["plugins"].as_array_mut().into_iter().flatten() {
@@ -1465,7 +1666,9 @@ impl Drop for Cluster {
             }
         }
         if let Some(e) = &mut self.etcd {
-            e.process.kill();
+            for m in &mut e.members {
+                m.process.kill();
+            }
         }
         if let Some(k) = &mut self.kube {
             k.stop();
