@@ -11,6 +11,7 @@
 pub mod checks;
 pub mod cri;
 pub mod cri_node;
+pub mod daemon_soak;
 pub mod daemonset;
 pub mod image;
 pub mod install;
