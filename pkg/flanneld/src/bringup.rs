@@ -172,9 +172,11 @@ async fn wait_for_config(reg: &dyn Registry) -> Result<NetConfig, StartError> {
             ),
         };
         if trouble.failed(&what) {
-            tracing::warn!("{what}; retrying every second");
+            tracing::warn!("{what}; retrying");
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Short: a node started while etcd has no quorum reads its config within a fraction
+        // of a second of quorum's return (the registry's own tries pace the requests).
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
