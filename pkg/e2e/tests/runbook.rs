@@ -4,17 +4,22 @@
 //! every node at the start and at the end. The kube mode (API server stand-in, vxlan) runs the
 //! DaemonSet lists; the etcd mode (host-gw) the systemd ones.
 //!
-//! What kubectl would do is modelled, not faked away: `kubectl label`, the JSON patches and
-//! `kubectl set env` in a step's commands act on two DaemonSets whose node affinity is our
-//! manifest's and kube-flannel.yml's with the runbook's patches applied; each node runs the daemon
-//! whose DaemonSet selects it (both selecting one node fails the test), a template change
-//! restarts a DaemonSet's daemons one node at a time, and our init step is deploy/cni-install.sh.
-//! Under systemd, scripts/install.sh installs into a root per node, and a restart starts what the
-//! unit file there names, with its environment file. Pods come before, during and after each
+//! Every command of a step that is not kubectl's runs as written, on its node: `sh -c` in the
+//! node's network namespace, the node's paths (/opt/cni/bin, /usr/local/bin,
+//! /etc/systemd/system, /etc/sysconfig, /var/lib/cni/networks) mapped to a root per node, so a
+//! typo in a `cp`, `mv`, `rm`, `install.sh` or `echo` line fails the test; `systemctl` is
+//! answered by the test (`daemon-reload`; `restart flanneld` stops the daemon and starts what the
+//! unit file names, with its environment file). A check that the runbook says prints nothing
+//! must print nothing; every other command must exit 0. What kubectl would do is modelled, not
+//! faked away: `kubectl label`, the JSON patches and `kubectl set env` act on two DaemonSets whose
+//! node affinity is our manifest's and kube-flannel.yml's with the runbook's patches applied;
+//! each node runs the daemon whose DaemonSet selects it (both selecting one node fails the
+//! test), a template change restarts a DaemonSet's daemons one node at a time, and our init step
+//! is deploy/cni-install.sh. Pods come before, during and after each
 //! list; pings every 200 ms from the first pods run through each list and lose nothing; doctor
 //! passes where ours runs; at the end Go's plugins delete every pod and nothing of ours is left.
 
-use e2e::install::{fresh_tree, run_install, succeeded};
+use e2e::install::fresh_tree;
 use e2e::plugins::repo_root;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -125,6 +130,7 @@ fn runbook(section: &str) -> Vec<Step> {
         match item(line).filter(|_| !fence) {
             Some((0, title)) => steps.push(Step {
                 title,
+                text: format!("{line}\n"),
                 ..Step::default()
             }),
             Some((_, title)) => steps
@@ -133,6 +139,7 @@ fn runbook(section: &str) -> Vec<Step> {
                 .each_node
                 .push(Step {
                     title,
+                    text: format!("{line}\n"),
                     ..Step::default()
                 }),
             None => {
@@ -692,11 +699,12 @@ impl Switch {
     }
 
     /// The kubectl commands of a step that change the cluster, applied to the model.
-    fn kubectl(&mut self, step: &Step, node: Option<u8>) {
-        for cmd in step.commands() {
+    fn kubectl(&mut self, cmd: &str, node: Option<u8>) {
+        {
+            let cmd = cmd.to_string();
             let words: Vec<&str> = cmd.split_whitespace().collect();
             if words.first() != Some(&"kubectl") {
-                continue;
+                return;
             }
             let label_value = || {
                 words.iter().find_map(|w| {
@@ -759,7 +767,8 @@ impl Switch {
                 .to_string()
         };
         let (env, exec) = (key("EnvironmentFile="), key("ExecStart="));
-        let d = if fs::canonicalize(&exec).ok() == fs::canonicalize(&self.go).ok() {
+        // The runbook copies Go's binary aside and back: it is Go's by its content.
+        let d = if fs::read(&exec).ok() == fs::read(&self.go).ok() {
             Daemon::Go
         } else {
             Daemon::Ours
@@ -942,12 +951,11 @@ impl Switch {
         eprintln!("runbook: {:.3} {section}: {}{at}", now(), step.title);
         let i = node.unwrap_or(0);
         let title = step.title.as_str();
+        // What the runbook says to wait for before a step's commands.
         match (self.mode, title) {
-            (Mode::DaemonSet, "Label every node `go`.")
-            | (Mode::DaemonSet, "Keep kube-flannel on the nodes labelled `go`.")
-            | (Mode::DaemonSet, "Remove ours.") => self.kubectl(step, node),
             (Mode::DaemonSet, "Apply ours with kube-flannel's config.") => {
-                // kube-flannel's ConfigMap's two files, copied whole.
+                // kube-flannel's ConfigMap's two files, as the step's `create configmap` copies
+                // them (the model carries no ConfigMap).
                 fs::create_dir_all(&self.ours_cm).unwrap();
                 fs::copy(self.c.net_conf_file(), self.ours_cm.join("net-conf.json")).unwrap();
                 fs::copy(
@@ -955,57 +963,54 @@ impl Switch {
                     self.ours_cm.join("cni-conf.json"),
                 )
                 .unwrap();
-                self.kubectl(step, node);
-                assert!(
-                    self.running.iter().all(|d| *d == Daemon::Go),
-                    "{:?}",
-                    self.running
-                );
             }
-            (Mode::DaemonSet, "Keep Go's plugins.") => {
-                copy_dir(&self.bin(i), &self.root(i).join("opt/cni/bin.go"));
+            (Mode::DaemonSet, "Take ours off the node.") => self.wait_no_nexthops(i),
+            _ => {}
+        }
+        // The commands as written: kubectl's through the model, the others on the node.
+        // A check the runbook says prints nothing passes when it does; any other command
+        // (doctor's check included) when its exit status is 0.
+        let check = step.text.contains("print nothing") || step.text.contains("prints nothing");
+        for cmd in step.commands() {
+            if cmd.contains("kubectl") {
+                self.kubectl(&cmd, node);
+                continue;
             }
-            (Mode::DaemonSet, "Take Go's flanneld off the node.") => {
-                self.kubectl(step, node);
-                assert_eq!(self.running[usize::from(i) - 1], Daemon::None);
+            let i = node.unwrap_or_else(|| panic!("{section}: {title}: {cmd:?} on which node?"));
+            let (ok, out) = self.on_node(i, &cmd);
+            if check {
+                assert!(out.trim().is_empty(), "{section}: node {i}: {cmd}:\n{out}");
+            } else {
+                assert!(ok, "{section}: node {i}: {cmd} failed:\n{out}");
             }
-            (Mode::DaemonSet, "Take ours off the node.") => {
-                self.wait_no_nexthops(i);
-                self.kubectl(step, node);
-                assert_eq!(self.running[usize::from(i) - 1], Daemon::None);
+        }
+        // What the step leaves, as the test checks it.
+        match (self.mode, title) {
+            (Mode::DaemonSet, "Apply ours with kube-flannel's config.") => assert!(
+                self.running.iter().all(|d| *d == Daemon::Go),
+                "{:?}",
+                self.running
+            ),
+            (_, "Take Go's flanneld off the node.") | (_, "Take ours off the node.") => {
+                assert_eq!(self.running[usize::from(i) - 1], Daemon::None)
             }
-            (Mode::DaemonSet, "Start ours on the node.") => {
-                self.kubectl(step, node);
-                assert_eq!(self.running[usize::from(i) - 1], Daemon::Ours);
+            (Mode::DaemonSet, "Start ours on the node.") | (Mode::Systemd, "Restart the unit.")
+                if section.ends_with("to ours") =>
+            {
+                assert_eq!(self.running[usize::from(i) - 1], Daemon::Ours)
             }
-            (Mode::DaemonSet, "Start Go's flanneld on the node.") => {
-                self.kubectl(step, node);
+            (_, "Start Go's flanneld on the node.") | (Mode::Systemd, "Restart the unit.") => {
+                assert_eq!(self.running[usize::from(i) - 1], Daemon::Go)
+            }
+            (Mode::Systemd, "Install ours over them.") => {
+                // Go's flanneld still runs; its environment file is kept.
                 assert_eq!(self.running[usize::from(i) - 1], Daemon::Go);
+                let env = fs::read_to_string(self.env_file(i)).unwrap();
+                assert!(env.contains("FLANNELD_ETCD_ENDPOINTS="), "{env}");
             }
-            (Mode::DaemonSet, "Turn ours' routes into plain ones.") => self.kubectl(step, node),
-            (_, "Put Go's plugins back.")
-            | (Mode::Systemd, "Put Go's flanneld, its unit and its plugins back.") => {
-                let saved = self.root(i).join("opt/cni/bin.go");
-                for entry in fs::read_dir(&saved).unwrap().flatten() {
-                    let name = entry.file_name();
-                    let tmp = self.bin(i).join(format!(".{}.go", name.to_string_lossy()));
-                    fs::copy(entry.path(), &tmp).unwrap();
-                    fs::rename(&tmp, self.bin(i).join(&name)).unwrap();
-                }
-                fs::remove_dir_all(&saved).unwrap();
-                for entry in fs::read_dir(self.c.node(i).dir.join("networks"))
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                {
-                    let _ = fs::remove_file(entry.path().join(".host-local.index"));
-                }
-                if self.mode == Mode::Systemd {
-                    let bin = self.daemon_bin(i);
-                    fs::rename(bin.with_extension("go"), &bin).unwrap();
-                    let unit = self.unit(i);
-                    fs::rename(unit.with_extension("service.go"), &unit).unwrap();
-                }
+            (Mode::Systemd, "Turn ours' routes into plain ones.") => {
+                assert_eq!(self.running[usize::from(i) - 1], Daemon::Ours);
+                self.no_nexthops(i);
             }
             (_, "Check the node.") => {
                 let d = self.running[usize::from(i) - 1];
@@ -1017,48 +1022,8 @@ impl Switch {
                 self.c.add_pod(i);
                 self.check_all(&format!("{section}, node {i} on {d:?}"));
             }
-            (Mode::Systemd, "Keep Go's flanneld, its unit and its plugins.") => {
-                copy_dir(&self.bin(i), &self.root(i).join("opt/cni/bin.go"));
-                let bin = self.daemon_bin(i);
-                // A copy of what is there (here a link to the reference binary).
-                let target = fs::read_link(&bin).unwrap();
-                std::os::unix::fs::symlink(target, bin.with_extension("go")).unwrap();
-                let unit = self.unit(i);
-                fs::copy(&unit, unit.with_extension("service.go")).unwrap();
-            }
-            (Mode::Systemd, "Install ours over them.") => {
-                let tree = fresh_tree();
-                let root = self.root(i);
-                let dir = |d: &str| root.join(d).display().to_string();
-                let env = self.env_file(i).display().to_string();
-                succeeded(&run_install(
-                    tree.path(),
-                    &[
-                        "--bin-dir",
-                        &dir("opt/cni/bin"),
-                        "--daemon",
-                        "--daemon-bin-dir",
-                        &dir("usr/local/bin"),
-                        "--systemd-dir",
-                        &dir("etc/systemd/system"),
-                        "--env-file",
-                        &env,
-                    ],
-                ));
-                // Go's flanneld still runs; its environment file is kept.
-                assert_eq!(self.running[usize::from(i) - 1], Daemon::Go);
-            }
-            (Mode::Systemd, "Restart the unit.") => self.systemctl_restart(i),
-            (Mode::Systemd, "Turn ours' routes into plain ones.") => {
-                let env = self.env_file(i);
-                let mut text = fs::read_to_string(&env).unwrap();
-                text += "FLANNELD_NEXTHOPS=false\n";
-                fs::write(&env, text).unwrap();
-                self.systemctl_restart(i);
-                assert_eq!(self.running[usize::from(i) - 1], Daemon::Ours);
-                self.wait_no_nexthops(i);
-            }
             (Mode::Systemd, "Remove ours.") => {
+                // A sentence, no command: the variable leaves the environment files.
                 for i in self.nodes() {
                     let env = self.env_file(i);
                     let text = fs::read_to_string(&env).unwrap();
@@ -1070,8 +1035,128 @@ impl Switch {
                     fs::write(&env, kept).unwrap();
                 }
             }
-            _ => panic!("{section}: no action for step {title:?} ({:?})", self.mode),
+            _ => {}
         }
+    }
+
+    /// The node's paths as the runbook names them, and where the test keeps node `i`'s.
+    fn node_paths(&self, i: u8) -> Vec<(&'static str, PathBuf)> {
+        let root = self.root(i);
+        vec![
+            ("/opt/cni/bin", self.bin(i)),
+            ("/usr/local/bin", root.join("usr/local/bin")),
+            ("/etc/systemd/system", root.join("etc/systemd/system")),
+            ("/etc/sysconfig", root.join("etc/sysconfig")),
+            ("/etc/cni/net.d", root.join("etc/cni/net.d")),
+            ("/var/lib/cni/networks", self.c.node(i).dir.join("networks")),
+        ]
+    }
+
+    /// `cmd` with node `i`'s paths mapped to the test's; install.sh's defaults are the node's
+    /// paths too, mapped alike, and it installs what the tree holds (built already).
+    fn map_paths(&self, i: u8, cmd: &str) -> String {
+        let paths = self.node_paths(i);
+        let mut out = cmd.to_string();
+        for (from, to) in &paths {
+            out = out.replace(from, &to.display().to_string());
+        }
+        let dir = |p: &str| {
+            paths
+                .iter()
+                .find(|(from, _)| *from == p)
+                .map(|(_, to)| to.display().to_string())
+                .unwrap_or_default()
+        };
+        out.replace(
+            "scripts/install.sh",
+            &format!(
+                "scripts/install.sh --no-build --bin-dir {} --daemon-bin-dir {} --systemd-dir {} \
+                 --conf-dir {}",
+                dir("/opt/cni/bin"),
+                dir("/usr/local/bin"),
+                dir("/etc/systemd/system"),
+                dir("/etc/cni/net.d")
+            ),
+        )
+    }
+
+    /// Runs a runbook command on node `i` as written (its paths mapped): `sh -c` in the node's
+    /// network namespace, in a checkout of this tree, the node's /usr/local/bin on PATH, and
+    /// `systemctl` answered by the test (`daemon-reload`, `restart flanneld`), which carries
+    /// out each call while the command waits for it. Whether it succeeded, and its output.
+    fn on_node(&mut self, i: u8, cmd: &str) -> (bool, String) {
+        let tree = fresh_tree();
+        let calls = tempfile::Builder::new()
+            .prefix("runbook-systemctl-")
+            .tempdir()
+            .unwrap();
+        let shim = calls.path().join("systemctl");
+        fs::write(
+            &shim,
+            "#!/bin/sh\nn=$(date +%s%N)\necho \"$*\" >\"$SYSTEMCTL_CALLS/$n.call\"\n\
+             while [ ! -e \"$SYSTEMCTL_CALLS/$n.done\" ]; do sleep 0.05; done\n\
+             exit \"$(cat \"$SYSTEMCTL_CALLS/$n.done\")\"\n",
+        )
+        .unwrap();
+        fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let path = format!(
+            "{}:{}:{}",
+            calls.path().display(),
+            self.root(i).join("usr/local/bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mapped = self.map_paths(i, cmd);
+        let mut child = self
+            .c
+            .node(i)
+            .ns
+            .command("sh")
+            .args(["-c", &format!("{mapped} 2>&1")])
+            .current_dir(tree.path())
+            .env("PATH", path)
+            .env("SYSTEMCTL_CALLS", calls.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            let mut pending: Vec<PathBuf> = fs::read_dir(calls.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "call"))
+                .filter(|p| !p.with_extension("done").exists())
+                .collect();
+            pending.sort();
+            for call in pending {
+                let args = fs::read_to_string(&call).unwrap();
+                let code = match args.split_whitespace().collect::<Vec<_>>()[..] {
+                    ["daemon-reload"] => 0,
+                    ["restart", "flanneld"] | ["restart", "flanneld.service"] => {
+                        self.systemctl_restart(i);
+                        0
+                    }
+                    _ => panic!("node {i}: systemctl {args}: not what the runbook's units need"),
+                };
+                fs::write(call.with_extension("done"), code.to_string()).unwrap();
+            }
+            if started.elapsed() > 3 * T {
+                let _ = child.kill();
+                panic!("node {i}: {cmd} still runs after {:?}", 3 * T);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        (status.success(), reader.join().unwrap_or_default())
     }
 
     /// Back on Go's everywhere: Go's plugins delete every pod, and nothing of ours is left.
@@ -1137,13 +1222,6 @@ impl Switch {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).unwrap();
-    for entry in fs::read_dir(from).unwrap().flatten() {
-        fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-}
-
 /// No process of the test left once the cluster is gone: nothing naming the nodes' roots or
 /// the cluster's files (every daemon of either side names its subnet.env there).
 fn assert_nothing_runs_from(dirs: &[PathBuf]) {
@@ -1202,8 +1280,8 @@ fn go_s_flanneld_under_systemd_to_ours_and_back_node_by_node() {
 
 #[test]
 fn the_runbook_s_lists_parse_into_the_steps_the_suite_knows() {
-    // Every list the tests above run is found, with the per-node loop where it belongs; a step
-    // the suite has no action for fails those tests by name.
+    // Every list the tests above run is found, with the per-node loop where it belongs, and
+    // every step but the last systemd one (a sentence) has commands to run.
     for (section, top, per_node) in [
         ("kube-flannel to ours", 4, 4),
         ("Back to kube-flannel", 3, 4),
