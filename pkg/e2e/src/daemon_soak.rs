@@ -245,8 +245,19 @@ fn lease(n: u8) -> (String, String) {
     )
 }
 
-/// What a node holds that a pod or a leased node could leave behind.
+/// What a node holds that a pod or a leased node could leave behind, each kind's lines sorted
+/// (the kernel lists neighbours in its hash's order, which changes as entries come and go).
 fn state(c: &Cluster, index: u8) -> BTreeMap<&'static str, String> {
+    let mut s = listed(c, index);
+    for text in s.values_mut() {
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort_unstable();
+        *text = lines.iter().map(|l| format!("{l}\n")).collect();
+    }
+    s
+}
+
+fn listed(c: &Cluster, index: u8) -> BTreeMap<&'static str, String> {
     let ns = &c.node(index).ns;
     let run = |prog: &str, args: &[&str]| {
         String::from_utf8_lossy(&ns.try_run(prog, args).stdout).into_owned()
