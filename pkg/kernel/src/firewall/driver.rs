@@ -181,14 +181,32 @@ fn each_slot<E: From<Error> + Send>(
 /// earlier run wrote them before the host's rules moved or another mode was asked for. Nothing
 /// when no mode was chosen or that mode's programs are not installed.
 pub fn remove_in_unused_iptables<R: Rules>(rules: &R) -> Result<Removed, R::Error> {
+    each_slot(unused_slots(rules), |slot, outcome| {
+        slot.remove(rules, outcome)
+    })
+}
+
+/// Reads and plans, writing nothing, what [`remove_in_unused_iptables`] would remove: the
+/// batches to apply later ([`Batches::apply`]). A family whose rules cannot be read fails it.
+pub fn plan_in_unused_iptables<R: Rules>(rules: &R) -> Result<Batches, R::Error> {
+    let mut batches = Batches::default();
+    for slot in unused_slots(rules) {
+        if let Some(batch) = slot.plan(rules).map_err(Failure::into_error)? {
+            batches.push(slot.tool(), &batch);
+        }
+    }
+    Ok(batches)
+}
+
+/// The families of `rules` whose iptables mode not chosen is installed.
+fn unused_slots<R: Rules>(rules: &R) -> Vec<Slot> {
     let mut families = rules.families();
     families.dedup();
-    let slots = families
+    families
         .into_iter()
         .filter(|&f| xtables::unused_program(f, true).is_some_and(super::has_tool))
         .map(Slot::UnusedIptables)
-        .collect();
-    each_slot(slots, |slot, outcome| slot.remove(rules, outcome))
+        .collect()
 }
 
 impl fmt::Display for Backend {

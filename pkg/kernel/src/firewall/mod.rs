@@ -8,8 +8,8 @@ mod driver;
 pub mod xtables;
 
 pub use driver::{
-    remove_everywhere, remove_in_unused_iptables, Backend, Batches, Detected, Installed, Removed,
-    Rules, Writers,
+    plan_in_unused_iptables, remove_everywhere, remove_in_unused_iptables, Backend, Batches,
+    Detected, Installed, Removed, Rules, Writers,
 };
 pub use xtables::IptablesMode;
 
