@@ -5,15 +5,17 @@
 //! `forward`.
 //!
 //! The rule text and the comparison with what the kernel holds are pure, for both backends
-//! (`Wanted`, `Ours`, `Stale` give them to the firewall driver); [`check`], [`ensure`],
-//! [`remove_other_mode`] and [`remove_stale`] hand them to the driver of the spec's backend,
-//! which reads the rules and writes what is missing in one batch per tool. The firewall plane
-//! (`crate::planes::firewall`) calls them: at start [`remove_other_mode`], then
-//! [`remove_stale`] with [`previous`] of the subnet.env about to be replaced, then [`ensure`];
-//! then [`ensure`] every `--iptables-resync`. Nothing is removed at exit, so that a restart
-//! leaves the rules, and the traffic, as they were.
+//! (`Wanted`, `Ours`, `Stale` give them to the firewall driver). [`plan`] has the driver of
+//! the spec's backend read the rules once and plan a [`Pass`]: the batches that remove what an
+//! earlier run left (the other mode's rules; with [`previous`] of the subnet.env about to be
+//! replaced, an earlier subnet's), then the batch per tool that writes what is missing; its
+//! [`Pass::apply`] writes exactly those. The firewall plane (`crate::planes::firewall`) plans
+//! and applies a pass at start and every `--iptables-resync`; [`ensure`],
+//! [`remove_other_mode`] and [`remove_stale`] are one part of a pass, planned and applied.
+//! Nothing is removed at exit, so that a restart leaves the rules, and the traffic, as they
+//! were.
 
-use cni_kernel::firewall::{Backend, Family, Removed, Rules};
+use cni_kernel::firewall::{Backend, Batches, Family, Rules};
 use cni_kernel::{Error, Result};
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::Value;
@@ -738,34 +740,179 @@ impl Rules for Wanted<'_> {
     }
 }
 
-/// What is missing or wrong in the firewall for `spec`, read only (for `flanneld doctor`).
-pub fn check(spec: &MasqSpec) -> Result<Vec<String>> {
+/// One write of a pass: a batch per tool, planned from what was read, and what it says once
+/// written.
+struct Step {
+    batches: Batches,
+    says: Vec<String>,
+}
+
+impl Step {
+    /// The batches `backend` plans for `rules`, with what the planners noted; None: nothing to
+    /// write.
+    fn plan<R: Rules<Error = Error>>(
+        backend: Backend,
+        rules: &R,
+        notes: &Notes,
+    ) -> Result<Option<Step>> {
+        let batches = backend.plan(rules)?;
+        let says = notes
+            .take()
+            .into_iter()
+            .map(|(what, why)| says(what, why))
+            .collect();
+        Ok((!batches.is_empty()).then_some(Step { batches, says }))
+    }
+
+    fn apply(self) -> Result<()> {
+        self.batches.apply()?;
+        for line in self.says {
+            tracing::info!("{line}");
+        }
+        Ok(())
+    }
+}
+
+/// A note as the log says it: `restoring IPv4 iptables rules: nat chain FLANNEL-POSTRTG missing`.
+fn says(what: String, reasons: Vec<String>) -> String {
+    if reasons.is_empty() {
+        what
+    } else {
+        format!("{what}: {}", reasons.join("; "))
+    }
+}
+
+/// What one pass of the firewall plane writes, planned from one read of the rules: the first
+/// pass's cleanup (the other mode's rules, an earlier subnet's), then the rules `spec` asks
+/// for. Applying it writes exactly these batches, in this order, reading nothing again.
+pub struct Pass {
+    /// What is missing or wrong in the rules `spec` asks for.
+    pub reasons: Vec<String>,
+    cleanup: Vec<Step>,
+    restore: Option<Step>,
+}
+
+/// What applying a [`Pass`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Something of the cleanup.
+    pub cleaned: bool,
+    /// Rules `spec` asks for that were missing or wrong.
+    pub restored: bool,
+}
+
+impl Pass {
+    pub fn is_empty(&self) -> bool {
+        self.cleanup.is_empty() && self.restore.is_none()
+    }
+
+    /// Each tool's program and batch, in the order they are written.
+    pub fn batches(&self) -> Vec<(&'static str, &str)> {
+        self.cleanup
+            .iter()
+            .chain(&self.restore)
+            .flat_map(|s| s.batches.iter())
+            .collect()
+    }
+
+    /// Writes the batches in order; the first that fails ends it.
+    pub fn apply(self) -> Result<Applied> {
+        let mut done = Applied::default();
+        for step in self.cleanup {
+            step.apply()?;
+            done.cleaned = true;
+        }
+        if let Some(step) = self.restore {
+            step.apply()
+                .map_err(|e| e.context("writing the masquerade rules"))?;
+            done.restored = true;
+        }
+        Ok(done)
+    }
+}
+
+/// Reads the rules once and plans a pass: with `previous` (the old subnet.env's networks and
+/// subnets), the first pass's cleanup too.
+pub fn plan(spec: &MasqSpec, previous: Option<Previous>) -> Result<Pass> {
+    let mut cleanup = Vec::new();
+    if let Some((old4, old6)) = previous {
+        cleanup.extend(other_mode(spec)?);
+        cleanup.extend(stale(old4, old6, spec)?);
+    }
     let wanted = Wanted {
         spec,
         notes: Notes::default(),
     };
-    spec.backend().plan(&wanted)?;
-    Ok(wanted
-        .notes
-        .take()
+    let batches = spec.backend().plan(&wanted)?;
+    let notes = wanted.notes.take();
+    let reasons = notes.iter().flat_map(|(_, r)| r.clone()).collect();
+    let says = notes
         .into_iter()
-        .flat_map(|(_, reasons)| reasons)
-        .collect())
+        .map(|(what, why)| says(format!("restoring {what}"), why))
+        .collect();
+    Ok(Pass {
+        reasons,
+        cleanup,
+        restore: (!batches.is_empty()).then_some(Step { batches, says }),
+    })
 }
 
 /// Makes the firewall hold exactly the rules `spec` asks for, writing whatever is missing or
 /// wrong in one batch per tool (iptables: one per family; nftables: one transaction), and
 /// nothing when all is right. Returns whether it wrote anything.
 pub fn ensure(spec: &MasqSpec) -> Result<bool> {
-    let wanted = Wanted {
-        spec,
-        notes: Notes::default(),
-    };
-    let written = spec.backend().write(&wanted);
-    for (what, reasons) in wanted.notes.take() {
-        tracing::info!("restoring {what}: {}", reasons.join("; "));
+    Ok(plan(spec, None)?.apply()?.restored)
+}
+
+/// `rules` with its iptables half limited to one family.
+struct OneFamily<'a, R>(&'a R, Family);
+
+impl<R: Rules> Rules for OneFamily<'_, R> {
+    type Error = R::Error;
+
+    fn families(&self) -> Vec<Family> {
+        vec![self.1]
     }
-    written.map_err(|e| e.context("writing the masquerade rules"))
+
+    fn iptables_reads(&self) -> &[&'static str] {
+        self.0.iptables_reads()
+    }
+
+    fn iptables(
+        &self,
+        family: Family,
+        saved: &[String],
+    ) -> std::result::Result<Option<String>, R::Error> {
+        self.0.iptables(family, saved)
+    }
+
+    fn nft_reads(&self) -> Vec<&'static [&'static str]> {
+        self.0.nft_reads()
+    }
+
+    fn nft(&self, listed: &[Option<String>]) -> std::result::Result<Option<String>, R::Error> {
+        self.0.nft(listed)
+    }
+}
+
+/// The steps that remove what `rules` plan in `backend`. An iptables family whose rules
+/// cannot be read (its iptables unusable) holds none to remove: skipped with a warning.
+fn removal<R: Rules<Error = Error>>(
+    backend: Backend,
+    rules: &R,
+    notes: &Notes,
+) -> Result<Vec<Step>> {
+    if backend == Backend::Nftables {
+        return Ok(Step::plan(backend, rules, notes)?.into_iter().collect());
+    }
+    let mut steps = Vec::new();
+    for family in rules.families() {
+        match Step::plan(backend, &OneFamily(rules, family), notes) {
+            Ok(step) => steps.extend(step),
+            Err(e) => tracing::warn!("taking no iptables rules to remove there: {e}"),
+        }
+    }
+    Ok(steps)
 }
 
 /// Every rule of ours, whichever the spec: what a switch to the other mode removes.
@@ -824,56 +971,62 @@ impl Rules for Ours {
     }
 }
 
-/// Logs what a removal's planners noted (when it wrote) and the families it could not read.
-fn log_removal(removed: &Result<Removed>, notes: &Notes) {
-    let notes = notes.take();
-    if let Ok(r) = removed {
-        for e in &r.unreadable {
-            tracing::warn!("taking no iptables rules to remove there: {e}");
-        }
-        if r.changed {
-            for (what, _) in notes {
-                tracing::info!("{what}");
-            }
-        }
-    }
-}
-
-/// Removes the rules of the mode `spec` does not use (iptables chains in nftables mode, our
-/// nftables tables in iptables mode), so that a switch leaves one policy in force. A family
-/// whose iptables cannot be read holds none of ours: skipped with a warning; a mode whose
-/// tool is not installed holds none at all.
-pub fn remove_other_mode(spec: &MasqSpec) -> Result<bool> {
-    let moved = remove_from_unused_iptables()?;
+/// The removal of the rules of the mode `spec` does not use (iptables chains in nftables mode,
+/// our nftables tables in iptables mode), so that a switch leaves one policy in force. A mode
+/// whose tool is not installed holds none at all.
+fn other_mode(spec: &MasqSpec) -> Result<Vec<Step>> {
+    let mut steps = unused_iptables();
     let other = spec.backend().other();
     if !other.installed() {
-        return Ok(moved);
+        return Ok(steps);
     }
     let ours = Ours {
         notes: Notes::default(),
     };
-    let removed = other.remove(&ours);
-    log_removal(&removed, &ours.notes);
-    Ok(removed?.changed || moved)
+    steps.extend(removal(other, &ours, &ours.notes)?);
+    Ok(steps)
 }
 
-/// Removes our iptables chains from the iptables mode this process did not choose, where a run
-/// before the host's rules moved (or before `--iptables-mode`) wrote them.
-fn remove_from_unused_iptables() -> Result<bool> {
+/// The removal of our iptables chains from the iptables mode this process did not choose,
+/// where a run before the host's rules moved (or before `--iptables-mode`) wrote them. A
+/// family whose rules there cannot be read holds none: skipped with a warning.
+fn unused_iptables() -> Vec<Step> {
     let Some(mode) = cni_kernel::firewall::xtables::chosen_mode() else {
-        return Ok(false);
+        return Vec::new();
     };
     let ours = Ours {
         notes: Notes::default(),
     };
-    let removed = cni_kernel::firewall::remove_in_unused_iptables(&ours)?;
-    if removed.changed {
-        tracing::info!(
+    let mut steps: Vec<Step> = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        match cni_kernel::firewall::plan_in_unused_iptables(&OneFamily(&ours, family)) {
+            Ok(batches) if !batches.is_empty() => steps.push(Step {
+                batches,
+                says: Vec::new(),
+            }),
+            Ok(_) => {}
+            Err(e) => tracing::warn!("taking no iptables rules to remove there: {e}"),
+        }
+        ours.notes.take();
+    }
+    // Said once, after the last family's.
+    if let Some(last) = steps.last_mut() {
+        last.says.push(format!(
             "removed flannel's iptables chains from iptables-{}: the rules are in iptables-{mode}",
             mode.other()
-        );
+        ));
     }
-    Ok(removed.changed)
+    steps
+}
+
+/// Removes the rules of the mode `spec` does not use; whether it removed anything.
+pub fn remove_other_mode(spec: &MasqSpec) -> Result<bool> {
+    let pass = Pass {
+        reasons: Vec::new(),
+        cleanup: other_mode(spec)?,
+        restore: None,
+    };
+    Ok(pass.apply()?.cleaned)
 }
 
 /// The rules written for previous networks and subnets (from the old subnet.env) that the spec
@@ -938,21 +1091,34 @@ impl Rules for Stale<'_> {
     }
 }
 
-/// Removes the rules written for a previous network and subnet (from the old subnet.env) that
-/// `spec` no longer wants; the current rules stay. Returns whether it removed anything.
-pub fn remove_stale(
+/// The removal of the rules written for a previous network and subnet (from the old
+/// subnet.env) that `spec` no longer wants; the current rules stay.
+fn stale(
     old_ipv4: Option<(Ipv4Network, Ipv4Network)>,
     old_ipv6: Option<(Ipv6Network, Ipv6Network)>,
     spec: &MasqSpec,
-) -> Result<bool> {
+) -> Result<Vec<Step>> {
     let stale = Stale {
         old: nets(old_ipv4, old_ipv6),
         spec,
         notes: Notes::default(),
     };
-    let removed = spec.backend().remove(&stale);
-    log_removal(&removed, &stale.notes);
-    Ok(removed?.changed)
+    removal(spec.backend(), &stale, &stale.notes)
+}
+
+/// Removes the rules written for a previous network and subnet that `spec` no longer wants;
+/// whether it removed anything.
+pub fn remove_stale(
+    old_ipv4: Option<(Ipv4Network, Ipv4Network)>,
+    old_ipv6: Option<(Ipv6Network, Ipv6Network)>,
+    spec: &MasqSpec,
+) -> Result<bool> {
+    let pass = Pass {
+        reasons: Vec::new(),
+        cleanup: stale(old_ipv4, old_ipv6, spec)?,
+        restore: None,
+    };
+    Ok(pass.apply()?.cleaned)
 }
 
 #[cfg(test)]

@@ -340,6 +340,46 @@ fn switching_modes_removes_the_other_modes_rules() {
 }
 
 #[test]
+fn a_pass_writes_the_batches_its_one_read_planned_and_the_next_plan_is_empty() {
+    let ns = TestNs::new("mqp");
+    let old = spec("10.5.9.0/24");
+    let new = spec("10.5.1.0/24");
+    inside(&ns, || masq::ensure(&old)).unwrap();
+    inside(&ns, || masq::ensure(&nft_spec())).unwrap();
+    let rules = || format!("{}\n{}", saved(&ns), ns.run("nft", &["list", "ruleset"]));
+    let before = rules();
+    let first = || masq::plan(&new, Some((old.ipv4, None)));
+    let pass = inside(&ns, first).unwrap();
+    assert_eq!(rules(), before, "the plan wrote");
+    // The other mode's tables, the previous subnet's rules, then the chain as it must be.
+    let batches = pass.batches();
+    let tools: Vec<&str> = batches.iter().map(|(tool, _)| *tool).collect();
+    assert_eq!(tools, ["nft", "iptables-restore", "iptables-restore"]);
+    assert!(batches[0].1.contains("delete table ip flannel-ipv4"));
+    assert!(batches[1].1.contains("-D FLANNEL-POSTRTG -s 10.5.9.0/24"));
+    assert!(batches[2].1.contains(":FLANNEL-POSTRTG - [0:0]"));
+    let applied = inside(&ns, || pass.apply()).unwrap();
+    assert_eq!(
+        applied,
+        masq::Applied {
+            cleaned: true,
+            restored: true
+        }
+    );
+    assert!(!ns.run("nft", &["list", "tables"]).contains("flannel-ipv"));
+    assert_eq!(
+        chain_text(&ns, "iptables", "nat", "POSTROUTING", "FLANNEL-POSTRTG"),
+        expected_postrtg(
+            "10.5.0.0/16",
+            "10.5.1.0/24",
+            "224.0.0.0/4",
+            "MASQUERADE --random-fully"
+        )
+    );
+    assert!(inside(&ns, first).unwrap().is_empty());
+}
+
+#[test]
 fn a_previous_subnets_rules_are_removed() {
     let ns = TestNs::new("mqo");
     let old = spec("10.5.9.0/24");

@@ -2,8 +2,9 @@
 //! `--iptables-forward-rules`, in flannel's exact text (`crate::masq`). Its first pass also
 //! removes what an earlier run left that the spec no longer wants (the other mode's rules, an
 //! earlier subnet's); every pass after reads the rules and restores what is missing or wrong,
-//! and writes nothing when all is right. The rule tools block, so each pass runs off the
-//! async threads.
+//! and writes nothing when all is right. A plan reads the rules once and holds the batches
+//! that its apply writes, so that `doctor --fix` writes what `doctor` found. The rule tools
+//! block, so each pass runs off the async threads.
 
 use super::{Others, Plan, Plane};
 use crate::error::PassError;
@@ -19,26 +20,28 @@ pub struct FirewallPlane {
     /// `--iptables-resync`.
     resync: Duration,
     /// The networks and subnets of the subnet.env being replaced, whose rules the first pass
-    /// removes; taken by it.
+    /// removes; kept until a pass has written its cleanup.
     cleanup: Option<Previous>,
 }
 
-/// What is missing or wrong in the rules, and whether the first pass's cleanup is due.
+/// What one read of the rules found to write: the batches apply writes, in order, and why.
 pub struct FirewallPlan {
-    reasons: Vec<String>,
-    cleanup: bool,
+    pass: masq::Pass,
+    /// The pass includes the first pass's cleanup (which may find nothing to remove).
+    cleans: bool,
 }
 
 impl Plan for FirewallPlan {
     fn is_empty(&self) -> bool {
-        self.reasons.is_empty() && !self.cleanup
+        self.pass.is_empty()
     }
 
     fn findings(&self) -> Vec<Finding> {
-        if self.reasons.is_empty() {
+        if self.pass.reasons.is_empty() {
             return vec![Finding::new("masquerade", "ok", "the rules are flannel's")];
         }
-        self.reasons
+        self.pass
+            .reasons
             .iter()
             .map(|r| Finding::new("masquerade", "wrong", r.clone()))
             .collect()
@@ -65,37 +68,36 @@ impl Plane for FirewallPlane {
         self.resync
     }
 
-    /// The rules read and compared off the async threads (the tools block).
+    /// The rules read once and the pass planned, off the async threads (the tools block).
     async fn plan(&mut self, _: &Others) -> Result<FirewallPlan, PassError> {
         let spec = self.spec.clone();
-        let reasons = tokio::task::spawn_blocking(move || masq::check(&spec)).await??;
+        let cleanup = self.cleanup;
+        let pass = tokio::task::spawn_blocking(move || masq::plan(&spec, cleanup)).await??;
         Ok(FirewallPlan {
-            reasons,
-            cleanup: self.cleanup.is_some(),
+            pass,
+            cleans: cleanup.is_some(),
         })
     }
 
-    /// The cleanup if it is due, then the rules, off the async threads.
+    /// Writes the plan's batches, off the async threads.
     async fn apply(&mut self, plan: FirewallPlan, _: &Others) {
+        let first = plan.cleans;
         if plan.is_empty() {
+            if first {
+                self.cleanup = None;
+            }
             return;
         }
-        let spec = self.spec.clone();
-        let cleanup = self.cleanup.take();
-        let first = cleanup.is_some();
-        let pass = tokio::task::spawn_blocking(move || -> cni_kernel::Result<bool> {
-            if let Some((old4, old6)) = cleanup {
-                masq::remove_other_mode(&spec)?;
-                masq::remove_stale(old4, old6, &spec)?;
-            }
-            masq::ensure(&spec)
-        });
+        let pass = tokio::task::spawn_blocking(move || plan.pass.apply());
         match pass.await.map_err(PassError::from).and_then(|r| Ok(r?)) {
-            Ok(true) if !first => {
-                metrics::inc(&METRICS.masq_restores);
-                info!("masquerade rules restored")
+            Ok(applied) => {
+                if first {
+                    self.cleanup = None;
+                } else if applied.restored {
+                    metrics::inc(&METRICS.masq_restores);
+                    info!("masquerade rules restored")
+                }
             }
-            Ok(_) => {}
             Err(e) => self.report(e, first),
         }
     }
