@@ -604,9 +604,24 @@ pub fn files_under(dir: &Path) -> std::collections::BTreeMap<PathBuf, (u32, Vec<
     out
 }
 
+/// The kernel state once nothing changes it by itself any more (a new link's carrier, IPv6's
+/// duplicate address detection): the same twice a second apart, no address tentative.
+fn settled_kernel_state(node: &Node) -> String {
+    wait_for(
+        "the node's kernel state to settle",
+        Duration::from_secs(30),
+        || {
+            let first = kernel_state(node);
+            std::thread::sleep(Duration::from_secs(1));
+            let second = kernel_state(node);
+            (first == second && !second.contains("tentative")).then_some(second)
+        },
+    )
+}
+
 /// Runs `look` and asserts that the node's kernel and the files under `dir` are as they were.
 pub fn writes_nothing<T>(node: &Node, dir: &Path, what: &str, look: impl FnOnce() -> T) -> T {
-    let (kernel, files) = (kernel_state(node), files_under(dir));
+    let (kernel, files) = (settled_kernel_state(node), files_under(dir));
     let out = look();
     let kernel_after = kernel_state(node);
     if kernel_after != kernel {
