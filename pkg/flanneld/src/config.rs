@@ -86,65 +86,117 @@ pub fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     })
 }
 
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ConfigError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(refuse(key, v, "must be true or false")),
+/// The keys of one object of the network config (the config itself, or its `Backend`), read
+/// as Go's decoder finds them; each refusal names the key as the config has it (`SubnetLen`,
+/// `Backend.VNI`). The one reader of config keys: each backend reads its own through
+/// [`Fields::backend`].
+#[derive(Debug, Clone, Copy)]
+pub struct Fields<'a> {
+    obj: Option<&'a Map<String, Value>>,
+    /// What a refusal puts before the key: `Backend.` for the backend's.
+    prefix: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn of(obj: Option<&'a Map<String, Value>>, prefix: &'static str) -> Fields<'a> {
+        Fields { obj, prefix }
     }
-}
 
-fn opt_len(obj: &Map<String, Value>, key: &str) -> Result<Option<u8>, ConfigError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(0) => Ok(None),
-            Some(n) if n <= 128 => Ok(Some(n as u8)),
-            _ => Err(refuse(key, v, "must be a prefix length")),
-        },
+    /// The keys of the config's `Backend` object.
+    pub fn backend(cfg: &'a NetConfig) -> Fields<'a> {
+        Fields::of(cfg.backend.as_object(), "Backend.")
     }
-}
 
-fn opt_str<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<Option<&'a str>, ConfigError> {
-    match field(obj, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(refuse(key, v, "must be a string")),
+    /// The value of `key`; None when it is absent or null.
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
+        self.obj
+            .and_then(|o| field(o, key))
+            .filter(|v| !v.is_null())
     }
-}
 
-fn opt_net<N: std::str::FromStr>(
-    obj: &Map<String, Value>,
-    key: &str,
-    what: &str,
-) -> Result<Option<N>, ConfigError> {
-    opt_str(obj, key)?
-        .map(|s| {
-            if !s.contains('/') {
-                return Err(refuse(
-                    key,
-                    s,
-                    format!("must be an {what} network in CIDR form"),
-                ));
-            }
-            s.parse::<N>()
-                .map_err(|_| refuse(key, s, format!("must be an {what} network in CIDR form")))
-        })
-        .transpose()
-}
+    /// A refusal of `key`'s `value`, saying why.
+    pub fn refuse(
+        &self,
+        key: &str,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> ConfigError {
+        refuse(&format!("{}{key}", self.prefix), value, reason)
+    }
 
-fn opt_addr<A: std::str::FromStr>(
-    obj: &Map<String, Value>,
-    key: &str,
-    what: &str,
-) -> Result<Option<A>, ConfigError> {
-    opt_str(obj, key)?
-        .map(|s| {
-            s.parse::<A>()
-                .map_err(|_| refuse(key, s, format!("must be an {what} address")))
-        })
-        .transpose()
+    /// `true` or `false`.
+    pub fn bool(&self, key: &str) -> Result<Option<bool>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.refuse(key, v, "must be true or false")),
+        }
+    }
+
+    /// A string, the empty one included.
+    pub fn text(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.refuse(key, v, "must be a string")),
+        }
+    }
+
+    /// A whole number within `range`; any other value is refused saying `reason`.
+    pub fn number(
+        &self,
+        key: &str,
+        range: std::ops::RangeInclusive<u64>,
+        reason: &str,
+    ) -> Result<Option<u64>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64().filter(|n| range.contains(n)) {
+                Some(n) => Ok(Some(n)),
+                None => Err(self.refuse(key, v, reason)),
+            },
+        }
+    }
+
+    /// A prefix length; 0 is none.
+    fn prefix_len(&self, key: &str) -> Result<Option<u8>, ConfigError> {
+        let len = self.number(key, 0..=128, "must be a prefix length")?;
+        Ok(len.filter(|n| *n != 0).map(|n| n as u8))
+    }
+
+    /// A string that is not empty.
+    fn some_text(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+        Ok(self.text(key)?.filter(|s| !s.is_empty()))
+    }
+
+    fn network<N: std::str::FromStr>(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<N>, ConfigError> {
+        self.some_text(key)?
+            .map(|s| {
+                let bad = || self.refuse(key, s, format!("must be an {what} network in CIDR form"));
+                if !s.contains('/') {
+                    return Err(bad());
+                }
+                s.parse::<N>().map_err(|_| bad())
+            })
+            .transpose()
+    }
+
+    fn address<A: std::str::FromStr>(
+        &self,
+        key: &str,
+        what: &str,
+    ) -> Result<Option<A>, ConfigError> {
+        self.some_text(key)?
+            .map(|s| {
+                s.parse::<A>()
+                    .map_err(|_| self.refuse(key, s, format!("must be an {what} address")))
+            })
+            .transpose()
+    }
 }
 
 /// The rules one family's check follows (flannel's, per family).
@@ -349,9 +401,9 @@ impl FamilyNet for Ipv6Network {
 }
 
 /// One family's keys, defaults applied and checked.
-fn parse_family<N: FamilyNet>(obj: &Map<String, Value>) -> Result<Family<N>, ConfigError> {
+fn parse_family<N: FamilyNet>(obj: &Fields<'_>) -> Result<Family<N>, ConfigError> {
     let k = &N::KEYS;
-    let network: N = opt_net(obj, k.network, N::NAME)?.ok_or_else(|| {
+    let network: N = obj.network(k.network, N::NAME)?.ok_or_else(|| {
         refuse(
             k.network,
             "(missing)",
@@ -360,13 +412,13 @@ fn parse_family<N: FamilyNet>(obj: &Map<String, Value>) -> Result<Family<N>, Con
     })?;
     let network = N::make(network.addr(), network.prefix_len())
         .map_err(|e| refuse(k.network, network, e.to_string()))?;
-    let min: Option<N::Addr> = opt_addr(obj, k.subnet_min, N::NAME)?;
-    let max: Option<N::Addr> = opt_addr(obj, k.subnet_max, N::NAME)?;
+    let min: Option<N::Addr> = obj.address(k.subnet_min, N::NAME)?;
+    let max: Option<N::Addr> = obj.address(k.subnet_max, N::NAME)?;
     let (len, min, max) = check_family(
         k,
         &N::LIMITS,
         (N::to_int(network.addr()), network.prefix_len()),
-        opt_len(obj, k.subnet_len)?,
+        obj.prefix_len(k.subnet_len)?,
         min.map(N::to_int),
         max.map(N::to_int),
         &|a| N::from_int(a).to_string(),
@@ -389,12 +441,13 @@ pub fn parse(text: &str) -> Result<NetConfig, ConfigError> {
         value: String::new(),
         reason: format!("is not valid JSON: {e}"),
     })?;
-    let Value::Object(obj) = value else {
+    let Value::Object(map) = value else {
         return Err(refuse("(document)", "", "must be a JSON object"));
     };
-    let enable_ipv4 = opt_bool(&obj, "EnableIPv4")?.unwrap_or(true);
-    let enable_ipv6 = opt_bool(&obj, "EnableIPv6")?.unwrap_or(false);
-    let enable_nftables = opt_bool(&obj, "EnableNFTables")?.unwrap_or(false);
+    let obj = Fields::of(Some(&map), "");
+    let enable_ipv4 = obj.bool("EnableIPv4")?.unwrap_or(true);
+    let enable_ipv6 = obj.bool("EnableIPv6")?.unwrap_or(false);
+    let enable_nftables = obj.bool("EnableNFTables")?.unwrap_or(false);
     if !enable_ipv4 && !enable_ipv6 {
         return Err(refuse(
             "EnableIPv4",
@@ -410,17 +463,14 @@ pub fn parse(text: &str) -> Result<NetConfig, ConfigError> {
         .then(|| parse_family::<Ipv6Network>(&obj))
         .transpose()?;
 
-    let backend = match field(&obj, "Backend") {
-        None | Some(Value::Null) => Value::Object(Map::new()),
+    let backend = match obj.get("Backend") {
+        None => Value::Object(Map::new()),
         Some(v @ Value::Object(_)) => v.clone(),
         Some(v) => return Err(refuse("Backend", v, "must be an object")),
     };
-    let backend_type = match backend.as_object().and_then(|b| field(b, "Type")) {
-        None | Some(Value::Null) => DEFAULT_BACKEND.to_string(),
-        Some(Value::String(s)) if s.is_empty() => DEFAULT_BACKEND.to_string(),
-        Some(Value::String(s)) => s.to_ascii_lowercase(),
-        Some(v) => return Err(refuse("Backend.Type", v, "must be a string")),
-    };
+    let backend_type = Fields::of(backend.as_object(), "Backend.")
+        .some_text("Type")?
+        .map_or(DEFAULT_BACKEND.to_string(), str::to_ascii_lowercase);
 
     Ok(NetConfig {
         ipv4,
@@ -441,6 +491,28 @@ mod tests {
 
     fn err(text: &str) -> ConfigError {
         parse(text).unwrap_err()
+    }
+
+    #[test]
+    fn fields_match_keys_in_any_case_and_refusals_name_the_key_as_the_config_has_it() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","vni":7,"Flag":"yes","Name":"","Gone":null}}"#,
+        )
+        .unwrap();
+        let b = Fields::backend(&c);
+        assert_eq!(b.number("VNI", 0..=10, "unused").unwrap(), Some(7));
+        let e = b.number("VNI", 0..=5, "must be at most 5").unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.value.as_str(), e.reason.as_str()),
+            ("Backend.VNI", "7", "must be at most 5")
+        );
+        assert_eq!(b.bool("Flag").unwrap_err().key, "Backend.Flag");
+        assert_eq!(b.text("Name").unwrap(), Some(""));
+        assert_eq!((b.get("Gone"), b.get("Missing")), (None, None));
+        assert_eq!(
+            err(r#"{"Network":"10.5.0.0/16","SubnetLen":"x"}"#).key,
+            "SubnetLen"
+        );
     }
 
     #[test]

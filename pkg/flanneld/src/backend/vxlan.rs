@@ -5,7 +5,7 @@
 //! external interface's own link is reached by a plain path via its public address instead.
 
 use super::api::{Backend, Device, Held, Here, Peer, Skip};
-use crate::config::{field, ConfigError, NetConfig};
+use crate::config::{field, ConfigError, Fields, NetConfig};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
@@ -39,48 +39,6 @@ pub struct Vxlan {
     pub tx_checksum_offload: bool,
 }
 
-fn refuse(key: &str, v: &Value, reason: &str) -> ConfigError {
-    ConfigError {
-        key: format!("Backend.{key}"),
-        value: v.to_string(),
-        reason: reason.to_string(),
-    }
-}
-
-fn uint(
-    b: &serde_json::Map<String, Value>,
-    key: &str,
-    max: u64,
-) -> Result<Option<u64>, ConfigError> {
-    match field(b, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if n <= max => Ok(Some(n)),
-            _ => Err(refuse(
-                key,
-                v,
-                &format!("must be a whole number up to {max}"),
-            )),
-        },
-    }
-}
-
-fn flag(b: &serde_json::Map<String, Value>, key: &str) -> Result<bool, ConfigError> {
-    flag_or(b, key, false)
-}
-
-fn flag_or(
-    b: &serde_json::Map<String, Value>,
-    key: &str,
-    default: bool,
-) -> Result<bool, ConfigError> {
-    match field(b, key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(x)) => Ok(*x),
-        Some(v) => Err(refuse(key, v, "must be true or false")),
-    }
-}
-
 /// `aa:bb:cc:dd:ee:ff` as six bytes.
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let mut out = [0u8; 6];
@@ -102,22 +60,24 @@ pub fn device_name(family: IpFamily, vni: u32) -> String {
 impl Vxlan {
     /// The config's `Backend` keys, checked; each refusal names the key.
     pub fn from_config(cfg: &NetConfig) -> Result<Vxlan, ConfigError> {
-        let empty = serde_json::Map::new();
-        let b = cfg.backend.as_object().unwrap_or(&empty);
-        let vni = uint(b, "VNI", (1 << 24) - 1)?.unwrap_or(1) as u32;
-        let port = uint(b, "Port", 65535)?.filter(|p| *p != 0).unwrap_or(8472) as u16;
-        let mtu = uint(b, "MTU", 65535)?.map(|m| m as u32);
+        let b = Fields::backend(cfg);
+        let uint = |key: &str, max: u64| {
+            b.number(key, 0..=max, &format!("must be a whole number up to {max}"))
+        };
+        let vni = uint("VNI", (1 << 24) - 1)?.unwrap_or(1) as u32;
+        let port = uint("Port", 65535)?.filter(|p| *p != 0).unwrap_or(8472) as u16;
+        let mtu = uint("MTU", 65535)?.map(|m| m as u32);
         if let Some(m) = mtu.filter(|m| *m < 1280) {
-            return Err(refuse("MTU", &Value::from(m), "must be at least 1280"));
+            return Err(b.refuse("MTU", m, "must be at least 1280"));
         }
         Ok(Vxlan {
             vni,
             port,
             mtu,
-            gbp: flag(b, "GBP")?,
-            learning: flag(b, "Learning")?,
-            direct_routing: flag(b, "DirectRouting")?,
-            tx_checksum_offload: flag_or(b, "TxChecksumOffload", true)?,
+            gbp: b.bool("GBP")?.unwrap_or(false),
+            learning: b.bool("Learning")?.unwrap_or(false),
+            direct_routing: b.bool("DirectRouting")?.unwrap_or(false),
+            tx_checksum_offload: b.bool("TxChecksumOffload")?.unwrap_or(true),
         })
     }
 

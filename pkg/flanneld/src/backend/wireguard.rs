@@ -7,7 +7,7 @@
 //! that outlives flanneld), chosen once at start or forced by `Backend.Tunnel`.
 
 use super::api::{Backend, Device, DevicePeer, Held, Here, Peer, Refusal, Skip};
-use crate::config::{field, ConfigError, NetConfig};
+use crate::config::{ConfigError, Fields, NetConfig};
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
@@ -15,7 +15,6 @@ use cni_kernel::netlink::{Conn, Link, Route};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
-use serde_json::Value;
 use std::any::Any;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -69,88 +68,56 @@ struct Shared {
     warned: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
-fn refuse(key: &str, v: impl std::fmt::Display, reason: &str) -> ConfigError {
-    ConfigError {
-        key: format!("Backend.{key}"),
-        value: v.to_string(),
-        reason: reason.to_string(),
-    }
-}
-
-fn port(b: &serde_json::Map<String, Value>, key: &str, default: u16) -> Result<u16, ConfigError> {
-    match field(b, key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(v) => match v.as_u64() {
-            Some(n @ 1..=65535) => Ok(n as u16),
-            _ => Err(refuse(key, v, "must be a UDP port, 1 to 65535")),
-        },
-    }
-}
-
-fn text<'a>(
-    b: &'a serde_json::Map<String, Value>,
-    key: &str,
-) -> Result<Option<&'a str>, ConfigError> {
-    match field(b, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(v) => Err(refuse(key, v, "must be a string")),
-    }
-}
-
 impl WireGuard {
     /// The config's `Backend` keys, checked; each refusal names the key. The key file is
     /// `$WIREGUARD_KEY_FILE`, else /run/flannel/wgkey; it is read at `check`, and made with
     /// the device when there is none.
     pub fn from_config(cfg: &NetConfig) -> Result<WireGuard, ConfigError> {
-        let empty = serde_json::Map::new();
-        let b = cfg.backend.as_object().unwrap_or(&empty);
-        let psk = match text(b, "PSK")? {
+        let b = Fields::backend(cfg);
+        let psk = match b.text("PSK")? {
             None | Some("") => None,
             // The value is a secret: the refusal says what is wrong, never what it is.
             Some(s) => Some(key::parse_psk(s).map_err(|_| {
-                refuse(
+                b.refuse(
                     "PSK",
                     "(not shown)",
                     "must be 32 bytes of base64, as `wg genpsk` prints",
                 )
             })?),
         };
-        let keepalive = match field(b, "PersistentKeepaliveInterval") {
-            None | Some(Value::Null) => 0,
-            Some(v) => match v.as_u64() {
-                Some(n) if n <= 65535 => n as u16,
-                _ => {
-                    return Err(refuse(
-                        "PersistentKeepaliveInterval",
-                        v,
-                        "must be whole seconds, 0 to 65535",
-                    ))
-                }
-            },
-        };
-        let mode = match text(b, "Mode")? {
+        let keepalive = b
+            .number(
+                "PersistentKeepaliveInterval",
+                0..=65535,
+                "must be whole seconds, 0 to 65535",
+            )?
+            .unwrap_or(0) as u16;
+        let mode = match b.text("Mode")? {
             None | Some("separate") => Mode::Separate,
             Some("auto") => Mode::Auto,
             Some("ipv4") => Mode::Ipv4,
             Some("ipv6") => Mode::Ipv6,
             Some(other) => {
-                return Err(refuse(
+                return Err(b.refuse(
                     "Mode",
                     format!("{other:?}"),
                     "must be separate, auto, ipv4 or ipv6",
                 ))
             }
         };
-        let forced = match text(b, "Tunnel")? {
+        let forced = match b.text("Tunnel")? {
             None => None,
             Some(t) => {
-                TunnelMode::parse_forced(t).map_err(|e| refuse("Tunnel", format!("{t:?}"), &e))?
+                TunnelMode::parse_forced(t).map_err(|e| b.refuse("Tunnel", format!("{t:?}"), e))?
             }
         };
+        let port = |key: &str, default: u16| {
+            let port = b.number(key, 1..=65535, "must be a UDP port, 1 to 65535")?;
+            Ok::<u16, ConfigError>(port.map_or(default, |p| p as u16))
+        };
         Ok(WireGuard {
-            listen_port: port(b, "ListenPort", 51820)?,
-            listen_port_v6: port(b, "ListenPortV6", 51821)?,
+            listen_port: port("ListenPort", 51820)?,
+            listen_port_v6: port("ListenPortV6", 51821)?,
             psk,
             keepalive,
             mode,
