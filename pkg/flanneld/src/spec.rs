@@ -4,7 +4,7 @@
 //! and its subnet.env. Pure: the daemon and `flanneld doctor` derive the same node from the
 //! same inputs.
 
-use crate::backend::api::{Backend, Device, Here, Peer, Skip};
+use crate::backend::api::{Backend, Device, Peer, PeerFamily, Skip};
 use crate::config::NetConfig;
 use crate::entries::{is_our_nexthop_id, NexthopIds, RouteStyle, Want};
 use crate::error::StartError;
@@ -293,6 +293,10 @@ impl DatapathSpec {
                 ));
                 continue;
             }
+            let mut peer = Peer {
+                lease,
+                families: Vec::with_capacity(self.families.len()),
+            };
             for f in &self.families {
                 let Some(subnet) = lease.key.subnet(f.family) else {
                     continue;
@@ -301,23 +305,16 @@ impl DatapathSpec {
                     d.outside.push((lease.key, subnet, f.network));
                     continue;
                 }
-                let Some(public) = lease.attrs.public(f.family) else {
-                    d.skipped.push((lease.key, Skip::NoPublicAddress(subnet)));
-                    continue;
-                };
-                let here = Here {
-                    ext: &self.ext,
-                    dev: devs.of(f.family),
-                };
-                let peer = Peer {
-                    key: lease.key,
-                    subnet,
-                    public,
-                    data: lease.attrs.backend_data_of(f.family),
-                };
-                if let Err(why) = self.backend.peer(&here, &peer, &mut d.want) {
-                    d.skipped.push((lease.key, why));
+                match PeerFamily::of(lease, f.family, devs.of(f.family)) {
+                    Some(family) => peer.families.push(family),
+                    None => d.skipped.push((lease.key, Skip::NoPublicAddress(subnet))),
                 }
+            }
+            if peer.families.is_empty() {
+                continue;
+            }
+            for why in self.backend.peer(&self.ext, &peer, &mut d.want) {
+                d.skipped.push((lease.key, why));
             }
         }
         d

@@ -7,7 +7,7 @@ pub use crate::entries::DevicePeer;
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
-use crate::lease::SubnetKey;
+use crate::lease::Lease;
 use cni_kernel::netlink::{Conn, Link};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
@@ -16,22 +16,38 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-/// One family of another node's lease, as a backend needs it.
-#[derive(Debug, Clone, Copy)]
+/// Another node's lease, as a backend programs it: the whole lease, and each of its families
+/// this node programs (in the network, with a public address), IPv4 first.
+#[derive(Debug, Clone)]
 pub struct Peer<'a> {
-    pub key: SubnetKey,
+    pub lease: &'a Lease,
+    pub families: Vec<PeerFamily<'a>>,
+}
+
+/// One family of another node's lease, with this node's side of the path to it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerFamily<'a> {
+    pub family: IpFamily,
     pub subnet: IpNetwork,
     pub public: IpAddr,
     /// Its backend data of this family (`BackendData`, `BackendV6Data`).
     pub data: Option<&'a RawValue>,
+    /// This node's device of the family, once the kernel holds it.
+    pub dev: Option<u32>,
 }
 
-/// This node's side of a path to a peer of one family.
-#[derive(Debug, Clone, Copy)]
-pub struct Here<'a> {
-    pub ext: &'a External,
-    /// This node's device of the peer's family, once the kernel holds it.
-    pub dev: Option<u32>,
+impl<'a> PeerFamily<'a> {
+    /// `lease`'s family `family` with this node's device `dev`, when the lease holds a subnet
+    /// and a public address of it.
+    pub fn of(lease: &'a Lease, family: IpFamily, dev: Option<u32>) -> Option<PeerFamily<'a>> {
+        Some(PeerFamily {
+            family,
+            subnet: lease.key.subnet(family)?,
+            public: lease.attrs.public(family)?,
+            data: lease.attrs.backend_data_of(family),
+            dev,
+        })
+    }
 }
 
 /// Why one family of another node's lease gives no entry: logged, and shown by `doctor`.
@@ -89,10 +105,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
-    /// The entries one family of another node's lease calls for, added to `want`; or why it
-    /// gives none.
-    fn peer(&self, _here: &Here<'_>, _peer: &Peer<'_>, _want: &mut Want) -> Result<(), Skip> {
-        Ok(())
+    /// The entries another node's lease calls for, added to `want`, this node's external
+    /// interface being `ext`; and why each of its families that gives none gives none.
+    fn peer(&self, _ext: &External, _peer: &Peer<'_>, _want: &mut Want) -> Vec<Skip> {
+        Vec::new()
     }
 }
 
@@ -159,5 +175,48 @@ pub trait Device: Send + Sync + fmt::Debug {
         _remove: &'a [&'a dyn DevicePeer],
     ) -> BoxFuture<'a, Vec<cni_kernel::Error>> {
         Box::pin(async { Vec::new() })
+    }
+}
+
+#[cfg(test)]
+pub mod testing {
+    use super::*;
+    use crate::lease::{LeaseAttrs, SubnetKey};
+
+    /// A lease of `backend` holding each of `families`: (subnet, public address, its backend
+    /// data).
+    pub fn lease(backend: &str, families: &[(&str, &str, Option<&str>)]) -> Lease {
+        let mut key = SubnetKey {
+            ipv4: None,
+            ipv6: None,
+        };
+        let mut attrs = LeaseAttrs {
+            public_ip: None,
+            public_ipv6: None,
+            backend_type: backend.into(),
+            backend_data: None,
+            backend_v6_data: None,
+        };
+        for (subnet, public, data) in families {
+            let subnet: IpNetwork = subnet.parse().unwrap();
+            key = key.with(subnet);
+            match public.parse().unwrap() {
+                IpAddr::V4(a) => attrs.public_ip = Some(a),
+                IpAddr::V6(a) => attrs.public_ipv6 = Some(a),
+            }
+            let data = data.map(|d| RawValue::from_string(d.to_string()).unwrap());
+            attrs.set_backend_data(IpFamily::of(subnet.ip()), data);
+        }
+        Lease { key, attrs }
+    }
+
+    /// The lease as the datapath gives it to the backend, this node's devices at `dev4` and
+    /// `dev6`.
+    pub fn peer(lease: &Lease, dev4: Option<u32>, dev6: Option<u32>) -> Peer<'_> {
+        let families = [(IpFamily::V4, dev4), (IpFamily::V6, dev6)]
+            .into_iter()
+            .filter_map(|(f, dev)| PeerFamily::of(lease, f, dev))
+            .collect();
+        Peer { lease, families }
     }
 }

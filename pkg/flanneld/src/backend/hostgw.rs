@@ -1,7 +1,7 @@
 //! `host-gw`: a route to each other node's subnet via its public address on the external
 //! interface, which therefore must be on one link with every node.
 
-use super::api::{Backend, Here, Peer, Refusal, Skip};
+use super::api::{Backend, Peer, Refusal, Skip};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
@@ -71,14 +71,16 @@ impl Backend for HostGw {
         Ok(())
     }
 
-    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
-        want.route(Hop {
-            dst: peer.subnet,
-            gw: peer.public,
-            dev: here.ext.index,
-            onlink: false,
-        });
-        Ok(())
+    fn peer(&self, ext: &External, peer: &Peer<'_>, want: &mut Want) -> Vec<Skip> {
+        for f in &peer.families {
+            want.route(Hop {
+                dst: f.subnet,
+                gw: f.public,
+                dev: ext.index,
+                onlink: false,
+            });
+        }
+        Vec::new()
     }
 }
 

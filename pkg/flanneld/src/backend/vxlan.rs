@@ -4,7 +4,7 @@
 //! via that network address on the device, onlink. With `DirectRouting`, a node on the
 //! external interface's own link is reached by a plain path via its public address instead.
 
-use super::api::{Backend, Device, Held, Here, Peer, Skip};
+use super::api::{Backend, Device, Held, Peer, PeerFamily, Skip};
 use crate::config::{field, ConfigError, Fields, NetConfig};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
@@ -146,28 +146,38 @@ impl Backend for Vxlan {
         )))
     }
 
-    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
-        if self.direct_routing && here.ext.addrs.iter().any(|n| n.contains(peer.public)) {
+    /// Each family on its own.
+    fn peer(&self, ext: &External, peer: &Peer<'_>, want: &mut Want) -> Vec<Skip> {
+        peer.families
+            .iter()
+            .filter_map(|f| self.peer_family(ext, f, want).err())
+            .collect()
+    }
+}
+
+impl Vxlan {
+    fn peer_family(&self, ext: &External, f: &PeerFamily<'_>, want: &mut Want) -> Result<(), Skip> {
+        if self.direct_routing && ext.addrs.iter().any(|n| n.contains(f.public)) {
             want.route(Hop {
-                dst: peer.subnet,
-                gw: peer.public,
-                dev: here.ext.index,
+                dst: f.subnet,
+                gw: f.public,
+                dev: ext.index,
                 onlink: false,
             });
             return Ok(());
         }
-        let Some(dev) = here.dev else { return Ok(()) };
-        let Some(mac) = announced_mac(peer.data) else {
+        let Some(dev) = f.dev else { return Ok(()) };
+        let Some(mac) = announced_mac(f.data) else {
             return Err(Skip::NoBackendData {
                 what: "VtepMAC",
-                subnet: peer.subnet,
+                subnet: f.subnet,
             });
         };
-        let gw = peer.subnet.network();
+        let gw = f.subnet.network();
         want.neighbour(Neighbour::permanent(dev, gw, mac));
-        want.fdb(FdbEntry::permanent(dev, mac, peer.public));
+        want.fdb(FdbEntry::permanent(dev, mac, f.public));
         want.route(Hop {
-            dst: peer.subnet,
+            dst: f.subnet,
             gw,
             dev,
             onlink: true,
@@ -299,9 +309,11 @@ impl Device for VxlanDevice {
 
 #[cfg(test)]
 mod tests {
+    use super::super::api::testing;
     use super::*;
     use crate::config;
     use crate::entries::{NexthopIds, RouteStyle};
+    use crate::lease::Lease;
     use cni_kernel::netlink::Route;
     use std::net::IpAddr;
 
@@ -322,17 +334,10 @@ mod tests {
 
     const MAC: [u8; 6] = [0xc6, 0xd2, 0x32, 0x6f, 0x8f, 0x44];
 
-    fn data() -> Box<RawValue> {
-        RawValue::from_string(r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#.into()).unwrap()
-    }
+    const DATA: &str = r#"{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}"#;
 
-    fn peer<'a>(subnet: &str, public: &str, data: Option<&'a RawValue>) -> Peer<'a> {
-        Peer {
-            key: crate::lease::SubnetKey::parse(&subnet.replace('/', "-")).unwrap(),
-            subnet: subnet.parse().unwrap(),
-            public: public.parse().unwrap(),
-            data,
-        }
+    fn lease(subnet: &str, public: &str, data: Option<&str>) -> Lease {
+        testing::lease("vxlan", &[(subnet, public, data)])
     }
 
     #[test]
@@ -414,18 +419,11 @@ mod tests {
 
     #[test]
     fn a_peer_gives_a_neighbour_an_fdb_entry_and_an_onlink_route() {
-        let (b, e, d) = (vx(false), ext(), data());
+        let (b, e) = (vx(false), ext());
         let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, true);
-        let here = Here {
-            ext: &e,
-            dev: Some(10),
-        };
-        b.peer(
-            &here,
-            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
-            &mut want,
-        )
-        .unwrap();
+        let l = lease("10.5.2.0/24", "192.168.0.2", Some(DATA));
+        let skipped = b.peer(&e, &testing::peer(&l, Some(10), None), &mut want);
+        assert_eq!(skipped, []);
         let gw: IpAddr = "10.5.2.0".parse().unwrap();
         assert_eq!(
             want.entries.routes,
@@ -436,42 +434,29 @@ mod tests {
             want.entries.fdb,
             [FdbEntry::permanent(10, MAC, "192.168.0.2".parse().unwrap())]
         );
-        let why = b
-            .peer(&here, &peer("10.5.3.0/24", "192.168.0.3", None), &mut want)
-            .unwrap_err();
-        assert!(why.to_string().contains("VtepMAC"), "{why}");
+        let bare = lease("10.5.3.0/24", "192.168.0.3", None);
+        let why = b.peer(&e, &testing::peer(&bare, Some(10), None), &mut want);
+        assert!(why[0].to_string().contains("VtepMAC"), "{why:?}");
         // Before the device is made: nothing yet, and no complaint.
-        let early = Here { ext: &e, dev: None };
         let mut none = Want::new(RouteStyle::Plain, NexthopIds::default(), 1, true);
-        b.peer(
-            &early,
-            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
-            &mut none,
-        )
-        .unwrap();
+        let skipped = b.peer(&e, &testing::peer(&l, None, None), &mut none);
+        assert_eq!(skipped, []);
         assert_eq!(none.entries, Default::default());
     }
 
     #[test]
     fn direct_routing_takes_a_plain_route_to_nodes_on_the_same_link() {
-        let (b, e, d) = (vx(true), ext(), data());
-        let here = Here {
-            ext: &e,
-            dev: Some(10),
-        };
+        let (b, e) = (vx(true), ext());
         let mut want = Want::new(RouteStyle::Plain, NexthopIds::default(), 2, true);
-        b.peer(
-            &here,
-            &peer("10.5.2.0/24", "192.168.0.2", Some(&d)),
-            &mut want,
-        )
-        .unwrap();
-        b.peer(
-            &here,
-            &peer("10.5.3.0/24", "172.16.0.3", Some(&d)),
-            &mut want,
-        )
-        .unwrap();
+        for l in [
+            lease("10.5.2.0/24", "192.168.0.2", Some(DATA)),
+            lease("10.5.3.0/24", "172.16.0.3", Some(DATA)),
+        ] {
+            assert_eq!(
+                b.peer(&e, &testing::peer(&l, Some(10), None), &mut want),
+                []
+            );
+        }
         assert_eq!(
             want.entries.routes[0],
             Route::new(

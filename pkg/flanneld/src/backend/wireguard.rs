@@ -6,7 +6,7 @@
 //! the kernel has it, else our userspace tunnel (`flannel-wireguard`, a process of its own
 //! that outlives flanneld), chosen once at start or forced by `Backend.Tunnel`.
 
-use super::api::{Backend, Device, DevicePeer, Held, Here, Peer, Refusal, Skip};
+use super::api::{Backend, Device, DevicePeer, Held, Peer, PeerFamily, Refusal, Skip};
 use crate::config::{ConfigError, Fields, NetConfig};
 use crate::entries::Want;
 use crate::family::IpFamily;
@@ -182,65 +182,73 @@ impl Backend for WireGuard {
         }))
     }
 
-    fn peer(&self, here: &Here<'_>, peer: &Peer<'_>, want: &mut Want) -> Result<(), Skip> {
-        let Some(dev) = here.dev else { return Ok(()) };
-        let family = IpFamily::of(peer.subnet.ip());
-        let data = peer.data.map(|d| d.get()).unwrap_or("");
-        let announced = parse_backend_data(data).map_err(|why| {
-            let said = format!("{} {why}", peer.key);
-            let mut warned = self.shared.warned.lock().unwrap_or_else(|e| e.into_inner());
-            if warned.insert(said) {
-                warn!(
-                    "wireguard: the node of lease {} (public address {}) is not programmed: {why}",
-                    peer.key, peer.public
-                );
-            }
-            Skip::NoBackendData {
-                what: "WireGuard public key",
-                subnet: peer.subnet,
-            }
-        })?;
-        let port = announced.port.unwrap_or(self.port_of(family));
-        // The whole network of the family: one route through the device, made once.
-        if let Some(net) = self.network(family) {
-            let routes = &mut want.entries.routes;
-            if !routes.iter().any(|r| r.dst == net && r.oif == Some(dev)) {
-                routes.push(Route::new(net, None, Some(dev)));
-            }
-        }
-        // A lease's second family on a one-device mode joins the peer its first made.
-        if let Some(last) = want.entries.peers.last_mut() {
-            if last.device == dev {
-                if let Some(p) = last.peer.as_any().downcast_ref::<WgPeer>() {
-                    if p.public_key == announced.public_key {
-                        let mut merged = p.clone();
-                        merged.allowed_ips.push(peer.subnet);
-                        merged.endpoint = self.joint_endpoint(
-                            here.ext,
-                            p.endpoint,
-                            SocketAddr::new(peer.public, port),
-                        );
-                        last.peer = Arc::new(merged);
-                        return Ok(());
-                    }
+    /// A peer per device: per family in `separate`; one for both families on a one-device
+    /// mode, its endpoint the family the mode takes.
+    fn peer(&self, ext: &External, peer: &Peer<'_>, want: &mut Want) -> Vec<Skip> {
+        let mut skipped = Vec::new();
+        let mut made: Vec<(u32, WgPeer)> = Vec::new();
+        for f in &peer.families {
+            let Some(dev) = f.dev else { continue };
+            let announced = match parse_backend_data(f.data.map_or("", |d| d.get())) {
+                Ok(a) => a,
+                Err(why) => {
+                    self.warn_once(peer, f, &why);
+                    skipped.push(Skip::NoBackendData {
+                        what: "WireGuard public key",
+                        subnet: f.subnet,
+                    });
+                    continue;
+                }
+            };
+            // The whole network of the family: one route through the device, made once.
+            if let Some(net) = self.network(f.family) {
+                let routes = &mut want.entries.routes;
+                if !routes.iter().any(|r| r.dst == net && r.oif == Some(dev)) {
+                    routes.push(Route::new(net, None, Some(dev)));
                 }
             }
+            let port = announced.port.unwrap_or(self.port_of(f.family));
+            let endpoint = SocketAddr::new(f.public, port);
+            match made
+                .iter_mut()
+                .find(|(d, p)| *d == dev && p.public_key == announced.public_key)
+            {
+                Some((_, p)) => {
+                    p.allowed_ips.push(f.subnet);
+                    p.endpoint = self.joint_endpoint(ext, p.endpoint, endpoint);
+                }
+                None => made.push((
+                    dev,
+                    WgPeer {
+                        public_key: announced.public_key,
+                        endpoint,
+                        allowed_ips: vec![f.subnet],
+                        psk: self.psk,
+                        keepalive: self.keepalive,
+                    },
+                )),
+            }
         }
-        want.device_peer(
-            dev,
-            Arc::new(WgPeer {
-                public_key: announced.public_key,
-                endpoint: SocketAddr::new(peer.public, port),
-                allowed_ips: vec![peer.subnet],
-                psk: self.psk,
-                keepalive: self.keepalive,
-            }),
-        );
-        Ok(())
+        for (dev, p) in made {
+            want.device_peer(dev, Arc::new(p));
+        }
+        skipped
     }
 }
 
 impl WireGuard {
+    /// Says once per lease and reason that a lease's family is not programmed.
+    fn warn_once(&self, peer: &Peer<'_>, f: &PeerFamily<'_>, why: &str) {
+        let key = peer.lease.key;
+        let mut warned = self.shared.warned.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.insert(format!("{key} {why}")) {
+            warn!(
+                "wireguard: the node of lease {key} (public address {}) is not programmed: {why}",
+                f.public
+            );
+        }
+    }
+
     fn network(&self, family: IpFamily) -> Option<IpNetwork> {
         match family {
             IpFamily::V4 => self.networks.0,
@@ -699,9 +707,11 @@ impl Device for WgDevice {
 
 #[cfg(test)]
 mod tests {
+    use super::super::api::testing;
     use super::*;
     use crate::config;
     use crate::entries::{NexthopIds, RouteStyle};
+    use crate::lease::Lease;
 
     fn wg(text: &str) -> Result<WireGuard, ConfigError> {
         WireGuard::from_config(&config::parse(text).unwrap())
@@ -718,22 +728,24 @@ mod tests {
 
     const KEY_A: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
 
-    fn data(key: &str) -> Box<RawValue> {
-        RawValue::from_string(format!(r#"{{"PublicKey":"{key}"}}"#)).unwrap()
+    fn data(key: &str) -> String {
+        format!(r#"{{"PublicKey":"{key}"}}"#)
     }
 
-    fn peer<'a>(subnet: &str, public: &str, data: Option<&'a RawValue>) -> Peer<'a> {
-        let key = if subnet.contains(':') {
-            "10.5.2.0-24"
-        } else {
-            &subnet.replace('/', "-")
-        };
-        Peer {
-            key: crate::lease::SubnetKey::parse(key).unwrap(),
-            subnet: subnet.parse().unwrap(),
-            public: public.parse().unwrap(),
-            data,
-        }
+    /// A node's lease of one family.
+    fn lease(subnet: &str, public: &str, data: Option<&str>) -> Lease {
+        testing::lease("wireguard", &[(subnet, public, data)])
+    }
+
+    /// Node 2's lease of both families, `data` the backend data of each.
+    fn dual(data: &str) -> Lease {
+        testing::lease(
+            "wireguard",
+            &[
+                ("10.5.2.0/24", "192.168.0.2", Some(data)),
+                ("fd10:0:2::/64", "fd00::2", Some(data)),
+            ],
+        )
     }
 
     fn want() -> Want {
@@ -821,22 +833,27 @@ mod tests {
             with(r#","PersistentKeepaliveInterval":5"#),
             External::example(),
         );
-        let here = Here {
-            ext: &ext,
-            dev: Some(10),
-        };
         let mut w = want();
-        let (a, c) = (data(KEY_A), data(&Key([7; 32]).to_base64()));
-        b.peer(&here, &peer("10.5.2.0/24", "192.168.0.2", Some(&a)), &mut w)
-            .unwrap();
-        b.peer(&here, &peer("10.5.3.0/24", "192.168.0.3", Some(&c)), &mut w)
-            .unwrap();
+        let c = data(&Key([7; 32]).to_base64());
+        let (two, three) = (
+            dual(&data(KEY_A)),
+            lease("10.5.3.0/24", "192.168.0.3", Some(&c)),
+        );
+        for l in [&two, &three] {
+            assert_eq!(
+                b.peer(&ext, &testing::peer(l, Some(10), Some(11)), &mut w),
+                []
+            );
+        }
         assert_eq!(
             w.entries.routes,
-            [Route::new("10.5.0.0/16".parse().unwrap(), None, Some(10))]
+            [
+                Route::new("10.5.0.0/16".parse().unwrap(), None, Some(10)),
+                Route::new("fd10::/48".parse().unwrap(), None, Some(11))
+            ]
         );
         let got = peers(&w);
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 3);
         assert_eq!(got[0].0, 10);
         assert_eq!(
             got[0].1,
@@ -853,71 +870,49 @@ mod tests {
             format!("peer {KEY_A} endpoint 192.168.0.2:51820 allowed-ips 10.5.2.0/24 keepalive 5")
         );
         // The IPv6 device's peers are reached on ListenPortV6.
-        let here6 = Here {
-            ext: &ext,
-            dev: Some(11),
-        };
-        b.peer(&here6, &peer("fd10:0:2::/64", "fd00::2", Some(&a)), &mut w)
-            .unwrap();
-        let got = peers(&w);
         assert_eq!(
-            (got[2].0, got[2].1.endpoint),
+            (got[1].0, got[1].1.endpoint),
             (11, "[fd00::2]:51821".parse().unwrap())
         );
-        assert_eq!(
-            w.entries.routes[1],
-            Route::new("fd10::/48".parse().unwrap(), None, Some(11))
-        );
+        assert_eq!(got[2].1.allowed_ips, ["10.5.3.0/24".parse().unwrap()]);
     }
 
     #[test]
     fn a_lease_without_a_usable_key_gives_nothing() {
         let (b, ext) = (with(""), External::example());
-        let here = Here {
-            ext: &ext,
-            dev: Some(10),
-        };
-        let short = data("AAAA");
-        for d in [None, Some(&*short)] {
+        for d in [None, Some("{\"PublicKey\":\"AAAA\"}")] {
             let mut w = want();
-            let why = b
-                .peer(&here, &peer("10.5.2.0/24", "192.168.0.2", d), &mut w)
-                .unwrap_err();
-            assert!(why.to_string().contains("WireGuard public key"), "{why}");
+            let l = lease("10.5.2.0/24", "192.168.0.2", d);
+            let why = b.peer(&ext, &testing::peer(&l, Some(10), None), &mut w);
+            assert!(
+                why[0].to_string().contains("WireGuard public key"),
+                "{why:?}"
+            );
             assert!(w.entries.peers.is_empty() && w.entries.routes.is_empty());
         }
         // A port announced by a newer flanneld is used.
-        let newer =
-            RawValue::from_string(format!(r#"{{"PublicKey":"{KEY_A}","Port":51999}}"#)).unwrap();
+        let newer = format!(r#"{{"PublicKey":"{KEY_A}","Port":51999}}"#);
         let mut w = want();
-        b.peer(
-            &here,
-            &peer("10.5.2.0/24", "192.168.0.2", Some(&newer)),
-            &mut w,
-        )
-        .unwrap();
+        let l = lease("10.5.2.0/24", "192.168.0.2", Some(&newer));
+        assert_eq!(b.peer(&ext, &testing::peer(&l, Some(10), None), &mut w), []);
         assert_eq!(peers(&w)[0].1.endpoint.port(), 51999);
     }
 
     #[test]
     fn one_device_modes_join_a_node_s_families_in_one_peer() {
         let ext = External::example();
-        let a = data(KEY_A);
+        let two = dual(&data(KEY_A));
         for (mode, endpoint) in [
             ("ipv4", "192.168.0.2:51820"),
             ("ipv6", "[fd00::2]:51820"),
             ("auto", "192.168.0.2:51820"),
         ] {
             let b = with(&format!(r#","Mode":"{mode}""#));
-            let here = Here {
-                ext: &ext,
-                dev: Some(10),
-            };
             let mut w = want();
-            b.peer(&here, &peer("10.5.2.0/24", "192.168.0.2", Some(&a)), &mut w)
-                .unwrap();
-            b.peer(&here, &peer("fd10:0:2::/64", "fd00::2", Some(&a)), &mut w)
-                .unwrap();
+            assert_eq!(
+                b.peer(&ext, &testing::peer(&two, Some(10), Some(10)), &mut w),
+                []
+            );
             let got = peers(&w);
             assert_eq!(got.len(), 1, "{mode}");
             assert_eq!(got[0].1.endpoint, endpoint.parse().unwrap(), "{mode}");
