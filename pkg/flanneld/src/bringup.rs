@@ -362,6 +362,7 @@ async fn take_lease(
         node,
         previous: previous_key(&settings.subnet_file),
         attrs: &attrs,
+        annotated: ground.backend.annotated(),
         ttl: settings.ttl,
     };
     let acquired = reg.acquire(&request).await.map_err(StartError::Lease)?;

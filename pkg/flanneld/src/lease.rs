@@ -116,6 +116,38 @@ impl SubnetKey {
     }
 }
 
+/// Which families of its lease a node's Node annotations carry (`--kube-subnet-mgr`), as
+/// flannel's backend of the lease's type writes them: each backend says it
+/// (`backend::api::Backend::annotated`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Annotated {
+    /// IPv4's are written only with IPv4 backend data (vxlan: an IPv6-only network leaves
+    /// them alone); else always.
+    pub ipv4_needs_data: bool,
+    pub ipv6: Ipv6Annotated,
+}
+
+/// When a lease's IPv6 family goes into the annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ipv6Annotated {
+    /// Never: the backend is flannel's IPv4-only one (udp, alloc).
+    Never,
+    /// With an IPv6 public address (host-gw, extension).
+    WithAddress,
+    /// With an IPv6 public address and IPv6 backend data (vxlan, wireguard).
+    WithData,
+}
+
+impl Default for Annotated {
+    /// flannel's IPv4-only backends'.
+    fn default() -> Annotated {
+        Annotated {
+            ipv4_needs_data: false,
+            ipv6: Ipv6Annotated::Never,
+        }
+    }
+}
+
 /// flannel's `LeaseAttrs`, with the same field names, order and omissions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeaseAttrs {

@@ -7,7 +7,7 @@ pub use crate::entries::DevicePeer;
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
-use crate::lease::Lease;
+use crate::lease::{Annotated, Lease};
 use cni_kernel::netlink::{Conn, Link};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
@@ -103,6 +103,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
         _announced: Option<&RawValue>,
     ) -> Option<Arc<dyn Device>> {
         None
+    }
+
+    /// Which families of this node's lease its Node annotations carry (`--kube-subnet-mgr`):
+    /// by default IPv4's alone, as flannel's IPv4-only backends write them.
+    fn annotated(&self) -> Annotated {
+        Annotated::default()
     }
 
     /// The entries another node's lease calls for, added to `want`, this node's external

@@ -5,6 +5,7 @@ use super::api::{Backend, Peer, Refusal, Skip};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
+use crate::lease::{Annotated, Ipv6Annotated};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -69,6 +70,14 @@ impl Backend for HostGw {
             }));
         }
         Ok(())
+    }
+
+    /// IPv6's with an IPv6 public address: host-gw has no backend data.
+    fn annotated(&self) -> Annotated {
+        Annotated {
+            ipv4_needs_data: false,
+            ipv6: Ipv6Annotated::WithAddress,
+        }
     }
 
     fn peer(&self, ext: &External, peer: &Peer<'_>, want: &mut Want) -> Vec<Skip> {

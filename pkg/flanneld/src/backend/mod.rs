@@ -50,6 +50,23 @@ mod tests {
     }
 
     #[test]
+    fn each_type_says_which_families_its_node_annotations_carry() {
+        use crate::lease::{Annotated, Ipv6Annotated::*};
+        let of = |t: &str| {
+            let text = format!(r#"{{"Network":"10.5.0.0/16","Backend":{{"Type":"{t}"}}}}"#);
+            select(&config::parse(&text).unwrap()).unwrap().annotated()
+        };
+        let a = |ipv4_needs_data, ipv6| Annotated {
+            ipv4_needs_data,
+            ipv6,
+        };
+        assert_eq!(of("vxlan"), a(true, WithData));
+        assert_eq!(of("wireguard"), a(false, WithData));
+        assert_eq!(of("host-gw"), a(false, WithAddress));
+        assert_eq!(of("alloc"), a(false, Never));
+    }
+
+    #[test]
     fn each_type_by_its_name_and_a_refusal_naming_the_others() {
         assert_eq!(name(r#"{"Network":"10.5.0.0/16"}"#).unwrap(), "vxlan");
         assert_eq!(

@@ -9,6 +9,7 @@ use crate::config::{field, ConfigError, Fields, NetConfig};
 use crate::entries::{Hop, Want};
 use crate::family::IpFamily;
 use crate::iface::External;
+use crate::lease::{Annotated, Ipv6Annotated};
 use cni_kernel::ethtool;
 use cni_kernel::netlink::{
     format_mac, Conn, FdbEntry, Link, Neighbour, Vxlan as VxlanAttrs, VxlanSpec,
@@ -144,6 +145,14 @@ impl Backend for Vxlan {
             ext,
             announced_mac(announced),
         )))
+    }
+
+    /// A family's annotations only with its VtepMAC.
+    fn annotated(&self) -> Annotated {
+        Annotated {
+            ipv4_needs_data: true,
+            ipv6: Ipv6Annotated::WithData,
+        }
     }
 
     /// Each family on its own.

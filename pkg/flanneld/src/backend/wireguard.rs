@@ -11,6 +11,7 @@ use crate::config::{ConfigError, Fields, NetConfig};
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
+use crate::lease::{Annotated, Ipv6Annotated};
 use cni_kernel::netlink::{Conn, Link, Route};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
@@ -180,6 +181,14 @@ impl Backend for WireGuard {
             key_file: self.key_file.clone(),
             shared: self.shared.clone(),
         }))
+    }
+
+    /// IPv6's only with its public key.
+    fn annotated(&self) -> Annotated {
+        Annotated {
+            ipv4_needs_data: false,
+            ipv6: Ipv6Annotated::WithData,
+        }
     }
 
     /// A peer per device: per family in `separate`; one for both families on a one-device

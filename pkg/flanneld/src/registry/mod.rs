@@ -15,7 +15,7 @@ pub mod kube;
 use crate::alloc::{self, Action, Node};
 use crate::config::NetConfig;
 use crate::iface::Wanted;
-use crate::lease::{Lease, LeaseAttrs, SubnetKey};
+use crate::lease::{Annotated, Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::view::{warn_skipped, BadEntry};
 use etcd::{EtcdOptions, EtcdRegistry};
@@ -139,6 +139,8 @@ pub struct LeaseRequest<'a> {
     pub previous: Option<SubnetKey>,
     /// The lease's value: this node's addresses and its backend's data.
     pub attrs: &'a LeaseAttrs,
+    /// Which of its families a Node's annotations carry.
+    pub annotated: Annotated,
     pub ttl: Duration,
 }
 
