@@ -25,7 +25,7 @@ pub use patch::{annotation_patch, network_available_patch};
 pub use watch::{Delivery, NodeWatch};
 
 use crate::config::NetConfig;
-use crate::lease::{LeaseAttrs, SubnetKey};
+use crate::lease::{Annotated, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
 use crate::registry::cause::Retrying;
 use crate::registry::{
@@ -194,7 +194,12 @@ impl KubeRegistry {
     /// written as flanneld writes them, then (`--set-node-network-unavailable`) its condition.
     /// Requests that fail are retried with backoff, logged when their cause changes; Err only
     /// for a podCIDR the network config cannot hold, which waiting does not change.
-    pub async fn take_lease(&self, cfg: &NetConfig, attrs: &LeaseAttrs) -> RegResult<SubnetKey> {
+    pub async fn take_lease(
+        &self,
+        cfg: &NetConfig,
+        attrs: &LeaseAttrs,
+        annotated: Annotated,
+    ) -> RegResult<SubnetKey> {
         let name = self.node_name.as_str();
         let mut waiting = Retrying::default();
         let mut failing = Retrying::default();
@@ -237,7 +242,7 @@ impl KubeRegistry {
                     continue;
                 }
             };
-            if let Some(patch) = annotation_patch(&node, attrs, &self.names) {
+            if let Some(patch) = annotation_patch(&node, attrs, annotated, &self.names) {
                 loop {
                     match self.patch_status(name, &patch).await {
                         Ok(()) => break,
@@ -492,7 +497,9 @@ impl Registry for KubeRegistry {
     /// does not expire.
     fn acquire<'a>(&'a self, req: &'a LeaseRequest<'a>) -> BoxFuture<'a, RegResult<Acquired>> {
         Box::pin(async move {
-            let key = self.take_lease(req.config, req.attrs).await?;
+            let key = self
+                .take_lease(req.config, req.attrs, req.annotated)
+                .await?;
             Ok(Acquired { key, expiry: None })
         })
     }

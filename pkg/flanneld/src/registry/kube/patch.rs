@@ -2,7 +2,7 @@
 //! annotations as flanneld writes them, and the `NetworkUnavailable` condition.
 
 use super::node::{Annotations, NodeObject};
-use crate::lease::LeaseAttrs;
+use crate::lease::{Annotated, Ipv6Annotated, LeaseAttrs};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -10,11 +10,13 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 /// The strategic-merge PATCH of `nodes/<name>/status` that makes this node's annotations say
-/// `attrs`, as flanneld decides it: None when they already do. Only the annotations that
-/// change are in the body; a user's `public-ip-overwrite` wins over the public address.
+/// `attrs` (the families `annotated`, as the lease's backend says), as flanneld decides it:
+/// None when they already do. Only the annotations that change are in the body; a user's
+/// `public-ip-overwrite` wins over the public address.
 pub fn annotation_patch(
     node: &NodeObject,
     attrs: &LeaseAttrs,
+    annotated: Annotated,
     names: &Annotations,
 ) -> Option<Value> {
     let get = |n: &str| node.annotation(n);
@@ -43,8 +45,7 @@ pub fn annotation_patch(
     }
     let mut want: BTreeMap<&str, String> = BTreeMap::new();
     want.insert(&names.backend_type, kind.to_string());
-    // vxlan without IPv4 data (an IPv6-only network) leaves the IPv4 annotations alone.
-    if kind != "vxlan" || bd != "null" {
+    if !annotated.ipv4_needs_data || bd != "null" {
         want.insert(&names.backend_data, bd);
         let public = if overwrite.is_empty() {
             ip
@@ -53,10 +54,10 @@ pub fn annotation_patch(
         };
         want.insert(&names.public_ip, public);
     }
-    let v6_written = match kind {
-        "vxlan" | "wireguard" => v6bd != "null" && ip6.is_some(),
-        "host-gw" | "extension" => ip6.is_some(),
-        _ => false,
+    let v6_written = match annotated.ipv6 {
+        Ipv6Annotated::WithData => v6bd != "null" && ip6.is_some(),
+        Ipv6Annotated::WithAddress => ip6.is_some(),
+        Ipv6Annotated::Never => false,
     };
     if let (true, Some(ip6)) = (v6_written, ip6) {
         want.insert(&names.backend_v6_data, v6bd);
@@ -123,6 +124,16 @@ mod tests {
         }
     }
 
+    /// vxlan's and host-gw's, as their backends say.
+    const VXLAN: Annotated = Annotated {
+        ipv4_needs_data: true,
+        ipv6: Ipv6Annotated::WithData,
+    };
+    const HOST_GW: Annotated = Annotated {
+        ipv4_needs_data: false,
+        ipv6: Ipv6Annotated::WithAddress,
+    };
+
     #[test]
     fn the_annotation_patch_writes_what_flanneld_writes_and_only_what_changed() {
         let a = names();
@@ -132,7 +143,12 @@ mod tests {
             &["10.5.1.0/24"],
             json!({"node.alpha.kubernetes.io/ttl": "0"}),
         );
-        let patch = annotation_patch(&fresh, &attrs("vxlan", Some(&data), "192.168.1.1"), &a);
+        let patch = annotation_patch(
+            &fresh,
+            &attrs("vxlan", Some(&data), "192.168.1.1"),
+            VXLAN,
+            &a,
+        );
         assert_eq!(
             patch.unwrap().to_string(),
             format!(
@@ -142,17 +158,29 @@ mod tests {
         // Already so: nothing to write.
         let done = flannel_node("n1", "10.5.1.0/24", "192.168.1.1");
         assert_eq!(
-            annotation_patch(&done, &attrs("vxlan", Some(&data), "192.168.1.1"), &a),
+            annotation_patch(
+                &done,
+                &attrs("vxlan", Some(&data), "192.168.1.1"),
+                VXLAN,
+                &a
+            ),
             None
         );
         // A new address: only that annotation.
-        let p = annotation_patch(&done, &attrs("vxlan", Some(&data), "192.168.1.9"), &a).unwrap();
+        let p = annotation_patch(
+            &done,
+            &attrs("vxlan", Some(&data), "192.168.1.9"),
+            VXLAN,
+            &a,
+        )
+        .unwrap();
         assert_eq!(
             p,
             json!({"metadata": {"annotations": {"flannel.alpha.coreos.com/public-ip": "192.168.1.9"}}})
         );
         // host-gw writes its data as "null".
-        let p = annotation_patch(&fresh, &attrs("host-gw", None, "192.168.1.1"), &a).unwrap();
+        let p =
+            annotation_patch(&fresh, &attrs("host-gw", None, "192.168.1.1"), HOST_GW, &a).unwrap();
         assert_eq!(p["metadata"]["annotations"][&a.backend_data], "null");
         assert_eq!(p["metadata"]["annotations"][&a.backend_type], "host-gw");
     }
@@ -165,7 +193,8 @@ mod tests {
         n.metadata
             .annotations
             .insert(a.public_ip_overwrite.clone(), "203.0.113.7".into());
-        let p = annotation_patch(&n, &attrs("vxlan", Some(&data), "192.168.1.1"), &a).unwrap();
+        let p =
+            annotation_patch(&n, &attrs("vxlan", Some(&data), "192.168.1.1"), VXLAN, &a).unwrap();
         assert_eq!(p["metadata"]["annotations"][&a.public_ip], "203.0.113.7");
         // Once written, flanneld's check still differs (it compares with its own address) but
         // the patch is empty: nothing is sent.
@@ -173,7 +202,7 @@ mod tests {
             .annotations
             .insert(a.public_ip.clone(), "203.0.113.7".into());
         assert_eq!(
-            annotation_patch(&n, &attrs("vxlan", Some(&data), "192.168.1.1"), &a),
+            annotation_patch(&n, &attrs("vxlan", Some(&data), "192.168.1.1"), VXLAN, &a),
             None
         );
         n.metadata
@@ -202,7 +231,7 @@ mod tests {
             RawValue::from_string(r#"{"VNI":1,"VtepMAC":"bb:bb:bb:bb:bb:bb"}"#.into()).unwrap(),
         );
         let n = node("n1", &["10.5.1.0/24", "fd00:0:0:1::/64"], json!({}));
-        let p = annotation_patch(&n, &at, &a).unwrap();
+        let p = annotation_patch(&n, &at, VXLAN, &a).unwrap();
         let ann = &p["metadata"]["annotations"];
         assert_eq!(ann[&a.public_ipv6], "fd00::1");
         assert_eq!(
@@ -220,7 +249,7 @@ mod tests {
                 .annotations
                 .insert(k.clone(), v.as_str().unwrap().into());
         }
-        assert_eq!(annotation_patch(&written, &at, &a), None);
+        assert_eq!(annotation_patch(&written, &at, VXLAN, &a), None);
         let l = node_lease(&written, &a, both).unwrap().unwrap();
         assert_eq!(l.key.to_string(), "10.5.1.0-24&fd00:0:0:1::-64");
         assert_eq!(l.attrs, at);
