@@ -2,8 +2,8 @@
 //! through the layer and through iproute2 (what an operator would look at).
 
 use cni_kernel::netlink::{
-    BridgeSpec, Conn, Event, Events, FdbEntry, Neighbour, Netlink, Nexthop, Route, Vxlan,
-    VxlanSpec, Write, PROTOCOL_BOOT,
+    BridgeSpec, Conn, Event, Events, FdbEntry, LinkKind, LinkSpec, Neighbour, Netlink, Nexthop,
+    Route, Vxlan, Write, PROTOCOL_BOOT,
 };
 use cni_kernel::{Kind, Netns};
 use futures::StreamExt;
@@ -27,17 +27,21 @@ fn underlay(ns: &TestNs, nl: &Netlink) -> u32 {
     nl.link_by_name("under0").unwrap().unwrap().index
 }
 
-fn vxlan_spec(device: u32) -> VxlanSpec {
-    VxlanSpec {
+fn vxlan_attrs(device: u32) -> Vxlan {
+    Vxlan {
+        vni: 1,
+        port: 8472,
+        local: Some("192.168.50.1".parse().unwrap()),
+        device: Some(device),
+        learning: false,
+        gbp: false,
+    }
+}
+
+fn vxlan_spec(device: u32) -> LinkSpec {
+    LinkSpec {
         name: "flannel.1".into(),
-        vxlan: Vxlan {
-            vni: 1,
-            port: 8472,
-            local: Some("192.168.50.1".parse().unwrap()),
-            device: Some(device),
-            learning: false,
-            gbp: false,
-        },
+        kind: LinkKind::Vxlan(vxlan_attrs(device)),
         mtu: Some(1450),
         mac: Some([0x0e, 0, 0, 0, 0, 1]),
     }
@@ -46,7 +50,7 @@ fn vxlan_spec(device: u32) -> VxlanSpec {
 /// The vxlan device of `vxlan_spec`, up, and its index.
 fn overlay(ns: &TestNs, nl: &Netlink) -> u32 {
     let under = underlay(ns, nl);
-    let (link, changed) = nl.ensure_vxlan(&vxlan_spec(under)).unwrap();
+    let (link, changed) = nl.ensure_link(&vxlan_spec(under)).unwrap();
     assert!(changed);
     nl.set_up(link.index, true).unwrap();
     link.index
@@ -102,14 +106,14 @@ fn a_vxlan_device_is_made_read_back_compared_and_mended() {
     let (_h, nl) = open(&ns);
     let under = underlay(&ns, &nl);
     let spec = vxlan_spec(under);
-    let (made, changed) = nl.ensure_vxlan(&spec).unwrap();
+    let (made, changed) = nl.ensure_link(&spec).unwrap();
     assert!(changed);
     assert!(
         spec.differences(&made).is_empty(),
         "{:?}",
         spec.differences(&made)
     );
-    assert_eq!(made.vxlan.as_ref().unwrap(), &spec.vxlan);
+    assert_eq!(made.vxlan.as_ref().unwrap(), &vxlan_attrs(under));
     // What iproute2 sees.
     let shown = ns.link("flannel.1").unwrap();
     let data = &shown["linkinfo"]["info_data"];
@@ -120,31 +124,31 @@ fn a_vxlan_device_is_made_read_back_compared_and_mended() {
     assert_eq!(shown["mtu"], 1450);
     assert_eq!(shown["address"], "0e:00:00:00:00:01");
 
-    let (again, changed) = nl.ensure_vxlan(&spec).unwrap();
+    let (again, changed) = nl.ensure_link(&spec).unwrap();
     assert!(!changed, "the same spec changes nothing");
     assert_eq!(again.index, made.index);
 
     // MTU is mended in place: same device.
-    let mtu = VxlanSpec {
+    let mtu = LinkSpec {
         mtu: Some(1400),
         ..spec.clone()
     };
     assert!(!mtu.differences(&again).is_empty() && mtu.mendable(&again));
-    let (mended, changed) = nl.ensure_vxlan(&mtu).unwrap();
+    let (mended, changed) = nl.ensure_link(&mtu).unwrap();
     assert!(changed);
     assert_eq!((mended.index, mended.mtu), (made.index, Some(1400)));
 
     // Another VNI or GBP cannot be set on a live device: it is made again.
-    let other = VxlanSpec {
-        vxlan: Vxlan {
+    let other = LinkSpec {
+        kind: LinkKind::Vxlan(Vxlan {
             vni: 7,
             gbp: true,
-            ..spec.vxlan.clone()
-        },
+            ..vxlan_attrs(under)
+        }),
         ..mtu.clone()
     };
     assert!(!other.mendable(&mended));
-    let (remade, changed) = nl.ensure_vxlan(&other).unwrap();
+    let (remade, changed) = nl.ensure_link(&other).unwrap();
     assert!(changed);
     assert_ne!(remade.index, made.index);
     assert_eq!(
@@ -156,14 +160,44 @@ fn a_vxlan_device_is_made_read_back_compared_and_mended() {
 
     // A link of that name that is no vxlan device is not taken over.
     ns.ip(&["link", "add", "vx-taken", "type", "bridge"]);
-    let taken = VxlanSpec {
+    let taken = LinkSpec {
         name: "vx-taken".into(),
         ..spec.clone()
     };
-    let e = nl.ensure_vxlan(&taken).unwrap_err();
+    let e = nl.ensure_link(&taken).unwrap_err();
     assert_eq!(e.kind(), Kind::Invalid, "{e}");
     assert!(e.to_string().contains("vx-taken"), "{e}");
     assert!(ns.link("vx-taken").is_some());
+}
+
+#[test]
+fn a_kind_the_kernel_makes_by_name_needs_nothing_of_its_own() {
+    let ns = TestNs::new("knk");
+    let (_h, nl) = open(&ns);
+    let spec = LinkSpec {
+        name: "named0".into(),
+        kind: LinkKind::Named("bridge"),
+        mtu: Some(1400),
+        mac: Some([0x0e, 0, 0, 0, 0, 2]),
+    };
+    let (made, changed) = nl.ensure_link(&spec).unwrap();
+    assert!(changed && spec.differences(&made).is_empty());
+    let shown = ns.link("named0").unwrap();
+    assert_eq!(shown["linkinfo"]["info_kind"], "bridge");
+    assert_eq!(
+        (shown["mtu"].as_u64(), shown["address"].as_str()),
+        (Some(1400), Some("0e:00:00:00:00:02"))
+    );
+    assert!(!nl.create_link(&spec).unwrap(), "made once");
+    // A kind this kernel lacks is refused by the kernel, naming the device.
+    let absent = LinkSpec {
+        name: "named1".into(),
+        kind: LinkKind::Named("no-such-kind"),
+        mtu: None,
+        mac: None,
+    };
+    let e = nl.create_link(&absent).unwrap_err();
+    assert!(e.to_string().contains("named1"), "{e}");
 }
 
 /// The permanent entries of `dev`: the kernel adds its own (IPv6 multicast, NOARP) once the

@@ -1,6 +1,6 @@
 //! Whether the kernel can run WireGuard itself: the kernel path is taken only when it can.
 
-use cni_kernel::netlink::Conn;
+use cni_kernel::netlink::{Conn, LinkKind, LinkSpec};
 
 use crate::genl::KernelWireguard;
 
@@ -8,7 +8,13 @@ use crate::genl::KernelWireguard;
 /// and deleted at once) and its `wireguard` generic netlink family answers; else why not.
 pub async fn kernel_support(conn: &Conn) -> Result<(), String> {
     let probe = format!("wgprobe{}", std::process::id() % 10_000_000);
-    match conn.create_wireguard(&probe, None).await {
+    let spec = LinkSpec {
+        name: probe.clone(),
+        kind: LinkKind::Named("wireguard"),
+        mtu: None,
+        mac: None,
+    };
+    match conn.create_link(&spec).await {
         Ok(_) => {
             if let Ok(Some(link)) = conn.link_by_name(&probe).await {
                 let _ = conn.delete_link(link.index).await;

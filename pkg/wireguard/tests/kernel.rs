@@ -2,6 +2,7 @@
 //! rtnetlink and configured over generic netlink reads back as set; where it has none (this
 //! project's machines), the detection says so and the round trip is listed as skipped.
 
+use cni_kernel::netlink::{LinkKind, LinkSpec};
 use cni_kernel::{Netlink, Netns};
 use testkit::{runs_here, unique_name, Need, TestNs};
 use wireguard::genl::KernelWireguard;
@@ -33,7 +34,13 @@ fn a_kernel_device_reads_back_as_set_or_the_kernel_is_said_to_have_none() {
         return;
     }
     let name = unique_name("wgk");
-    assert!(nl.create_wireguard(&name, Some(1420)).unwrap());
+    let spec = LinkSpec {
+        name: name.clone(),
+        kind: LinkKind::Named("wireguard"),
+        mtu: Some(1420),
+        mac: None,
+    };
+    assert!(nl.create_link(&spec).unwrap());
     let private = Key::generate().unwrap();
     let mut peer = PeerConfig::new(Key::generate().unwrap().public());
     peer.endpoint = Some("192.0.2.7:51820".parse().unwrap());

@@ -12,7 +12,7 @@ use crate::iface::External;
 use crate::lease::{Annotated, Ipv6Annotated};
 use cni_kernel::ethtool;
 use cni_kernel::netlink::{
-    format_mac, Conn, FdbEntry, Link, Neighbour, Vxlan as VxlanAttrs, VxlanSpec,
+    format_mac, Conn, FdbEntry, Link, LinkKind, LinkSpec, Neighbour, Vxlan as VxlanAttrs,
 };
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
@@ -85,16 +85,17 @@ impl Vxlan {
     /// The device of one family, with `mac` (None: whatever it has).
     fn vxlan_device(&self, family: IpFamily, ext: &External, mac: Option<[u8; 6]>) -> VxlanDevice {
         VxlanDevice {
-            link: VxlanSpec {
+            vni: self.vni,
+            link: LinkSpec {
                 name: device_name(family, self.vni),
-                vxlan: VxlanAttrs {
+                kind: LinkKind::Vxlan(VxlanAttrs {
                     vni: self.vni,
                     port: self.port,
                     local: ext.iface_ip(family).or(ext.public(family)),
                     device: Some(ext.index),
                     learning: self.learning,
                     gbp: self.gbp,
-                },
+                }),
                 mtu: Some(self.device_mtu(family, ext)),
                 mac,
             },
@@ -198,7 +199,8 @@ impl Vxlan {
 /// A vxlan device: its link as it must be, its MAC the VtepMAC the lease announces.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VxlanDevice {
-    pub link: VxlanSpec,
+    pub vni: u32,
+    pub link: LinkSpec,
     /// Its tx checksum offload is kept off (`TxChecksumOffload` false).
     pub tx_checksum_off: bool,
 }
@@ -208,7 +210,7 @@ impl VxlanDevice {
     fn lease_data(&self, mac: [u8; 6]) -> Option<Box<RawValue>> {
         RawValue::from_string(format!(
             r#"{{"VNI":{},"VtepMAC":"{}"}}"#,
-            self.link.vxlan.vni,
+            self.vni,
             format_mac(&mac)
         ))
         .ok()
@@ -263,7 +265,7 @@ impl Device for VxlanDevice {
 
     fn make<'a>(&'a self, conn: &'a Conn) -> BoxFuture<'a, cni_kernel::Result<Link>> {
         Box::pin(async move {
-            let (link, _) = conn.ensure_vxlan(&self.link).await?;
+            let (link, _) = conn.ensure_link(&self.link).await?;
             if self.tx_checksum_off && ethtool::tx_checksum(&link.name)? {
                 ethtool::set_tx_checksum(&link.name, false)?;
                 info!(
@@ -274,7 +276,7 @@ impl Device for VxlanDevice {
             info!(
                 "vxlan device {} made or mended (VNI {}, VtepMAC {})",
                 self.link.name,
-                self.link.vxlan.vni,
+                self.vni,
                 link.mac_string()
             );
             Ok(link)
@@ -289,7 +291,7 @@ impl Device for VxlanDevice {
         earlier: Option<&'a RawValue>,
     ) -> BoxFuture<'a, cni_kernel::Result<Option<Box<RawValue>>>> {
         Box::pin(async move {
-            let any_mac = VxlanSpec {
+            let any_mac = LinkSpec {
                 mac: None,
                 ..self.link.clone()
             };
@@ -302,7 +304,7 @@ impl Device for VxlanDevice {
                 .or_else(|| announced_mac(earlier))
                 .unwrap_or_else(random_mac);
             let dev = VxlanDevice {
-                link: VxlanSpec {
+                link: LinkSpec {
                     mac: Some(mac),
                     ..self.link.clone()
                 },
@@ -397,9 +399,12 @@ mod tests {
         let b = vx(false);
         let d = b.vxlan_device(IpFamily::V4, &ext(), Some(MAC)).link;
         assert_eq!(d.name, "flannel.1");
-        assert_eq!(d.vxlan.local, "192.168.0.1".parse().ok());
+        let LinkKind::Vxlan(attrs) = &d.kind else {
+            panic!("{d:?} is no vxlan device")
+        };
+        assert_eq!(attrs.local, "192.168.0.1".parse().ok());
         assert_eq!(
-            (d.vxlan.device, d.mtu, d.mac),
+            (attrs.device, d.mtu, d.mac),
             (Some(2), Some(1450), Some(MAC))
         );
         let d6 = b.device(IpFamily::V6, &ext(), None).unwrap();

@@ -12,7 +12,7 @@ use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
 use crate::lease::{Annotated, Ipv6Annotated};
-use cni_kernel::netlink::{Conn, Link, Route};
+use cni_kernel::netlink::{Conn, Link, LinkKind, LinkSpec, Route};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
 use serde_json::value::RawValue;
@@ -564,7 +564,13 @@ impl Device for WgDevice {
             }
             match mode {
                 TunnelMode::Kernel => {
-                    conn.create_wireguard(&self.name, Some(self.mtu)).await?;
+                    let spec = LinkSpec {
+                        name: self.name.clone(),
+                        kind: LinkKind::Named("wireguard"),
+                        mtu: Some(self.mtu),
+                        mac: None,
+                    };
+                    conn.create_link(&spec).await?;
                 }
                 TunnelMode::Userspace => {
                     let name = self.name.clone();

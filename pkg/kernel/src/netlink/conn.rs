@@ -5,8 +5,8 @@
 use super::nexthop::{self, Rtnl};
 use super::parse;
 use super::types::{
-    format_mac, AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec,
-    VxlanSpec, MAIN_TABLE,
+    format_mac, AddressInfo, BridgeSpec, FdbEntry, Link, LinkKind, LinkSpec, Neighbour, Nexthop,
+    Route, VethSpec, Vxlan, MAIN_TABLE,
 };
 use crate::error::{Error, Result};
 use crate::netns::Netns;
@@ -14,7 +14,7 @@ use futures::{Future, StreamExt};
 use ipnetwork::IpNetwork;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::{
-    AfSpecBridge, BridgeVlanInfoFlags, InfoData, InfoVeth, LinkAttribute, LinkExtentMask,
+    AfSpecBridge, BridgeVlanInfoFlags, InfoData, InfoKind, InfoVeth, LinkAttribute, LinkExtentMask,
     LinkMessage,
 };
 use netlink_packet_route::neighbour::NeighbourMessage;
@@ -28,8 +28,7 @@ use rtnetlink::packet_core::{
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, SocketAddr};
 use rtnetlink::{
-    LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth,
-    LinkVxlan, LinkWireguard,
+    LinkBridge, LinkBridgePort, LinkBridgeVlan, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
 };
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -296,7 +295,7 @@ impl Conn {
         self.set_link(msg, "setting the MTU", index).await
     }
 
-    async fn create_link(&self, msg: LinkMessage, op: &str, object: &str) -> Result<bool> {
+    async fn new_link(&self, msg: LinkMessage, op: &str, object: &str) -> Result<bool> {
         let r = self
             .ack(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
             .await;
@@ -315,8 +314,7 @@ impl Conn {
         if spec.vlan_filtering {
             b = b.vlan_filtering(true);
         }
-        self.create_link(b.build(), "creating bridge", spec.name)
-            .await
+        self.new_link(b.build(), "creating bridge", spec.name).await
     }
 
     /// Creates the veth pair; false when one of the two names is taken.
@@ -347,62 +345,47 @@ impl Conn {
             spec.peer_name,
             spec.peer_ns.path().display()
         );
-        self.create_link(b.build(), "creating veth pair", &object)
+        self.new_link(b.build(), "creating veth pair", &object)
             .await
     }
 
-    /// Creates the vxlan device; false when a link of that name already exists.
-    pub async fn create_vxlan(&self, spec: &VxlanSpec) -> Result<bool> {
-        let v = &spec.vxlan;
-        let mut b = LinkVxlan::new(&spec.name, v.vni).learning(v.learning);
-        if v.port != 0 {
-            b = b.port(v.port);
+    /// Makes the link `spec` says, everything in one message; false when a link of that name
+    /// already exists. A kernel without the kind refuses with EOPNOTSUPP.
+    pub async fn create_link(&self, spec: &LinkSpec) -> Result<bool> {
+        fn with_common<T>(mut b: LinkMessageBuilder<T>, spec: &LinkSpec) -> LinkMessage {
+            if let Some(mtu) = spec.mtu {
+                b = b.mtu(mtu);
+            }
+            if let Some(mac) = spec.mac {
+                b = b.address(mac.to_vec());
+            }
+            b.build()
         }
-        b = match v.local {
-            Some(IpAddr::V4(a)) => b.local(a),
-            Some(IpAddr::V6(a)) => b.local6(a),
-            None => b,
+        let msg = match &spec.kind {
+            LinkKind::Named(kind) => with_common(
+                LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::from(*kind))
+                    .name(spec.name.clone()),
+                spec,
+            ),
+            LinkKind::Vxlan(v) => with_common(vxlan_link(&spec.name, v), spec),
         };
-        if let Some(dev) = v.device {
-            b = b.dev(dev);
-        }
-        if v.gbp {
-            b = b.gbp();
-        }
-        if let Some(mtu) = spec.mtu {
-            b = b.mtu(mtu);
-        }
-        if let Some(mac) = spec.mac {
-            b = b.address(mac.to_vec());
-        }
-        self.create_link(b.build(), "creating vxlan device", &spec.name)
-            .await
+        let op = format!("creating {} device", spec.kind.name());
+        self.new_link(msg, &op, &spec.name).await
     }
 
-    /// Creates a kernel WireGuard device; false when a link of that name already exists. A
-    /// kernel without WireGuard refuses with EOPNOTSUPP (no such link kind).
-    pub async fn create_wireguard(&self, name: &str, mtu: Option<u32>) -> Result<bool> {
-        let mut b = LinkWireguard::new(name);
-        if let Some(mtu) = mtu {
-            b = b.mtu(mtu);
-        }
-        self.create_link(b.build(), "creating wireguard device", name)
-            .await
-    }
-
-    /// The vxlan device as `spec` says, and whether anything had to change: made when
-    /// missing, its MTU and MAC set when only they differ, deleted and made again when its
-    /// vxlan attributes differ. A link of that name that is not a vxlan device is left alone
-    /// and refused.
-    pub async fn ensure_vxlan(&self, spec: &VxlanSpec) -> Result<(Link, bool)> {
+    /// The link as `spec` says, and whether anything had to change: made when missing, its
+    /// MTU and MAC set when only they differ, deleted and made again when the attributes of
+    /// its kind differ. A link of that name of another kind is left alone and refused.
+    pub async fn ensure_link(&self, spec: &LinkSpec) -> Result<(Link, bool)> {
+        let op = format!("making {} device", spec.kind.name());
         let mut changed = false;
         if let Some(have) = self.link_by_name(&spec.name).await? {
             if spec.differences(&have).is_empty() {
                 return Ok((have, false));
             }
-            if !have.is_vxlan() {
+            if have.kind.as_deref() != Some(spec.kind.name()) {
                 return Err(Error::invalid(
-                    "making vxlan device",
+                    &op,
                     &spec.name,
                     format!(
                         "a link of that name exists and is a {} device",
@@ -418,21 +401,18 @@ impl Conn {
                     self.set_mac(have.index, &mac).await?;
                 }
                 let now = self.link_by_name(&spec.name).await?;
-                return now.map(|l| (l, true)).ok_or_else(|| {
-                    Error::failed("making vxlan device", &spec.name, "it vanished")
-                });
+                return now
+                    .map(|l| (l, true))
+                    .ok_or_else(|| Error::failed(&op, &spec.name, "it vanished"));
             }
             self.delete_link(have.index).await?;
             changed = true;
         }
-        changed |= self.create_vxlan(spec).await?;
-        let made = self.link_by_name(&spec.name).await?.ok_or_else(|| {
-            Error::failed(
-                "making vxlan device",
-                &spec.name,
-                "it vanished after creation",
-            )
-        })?;
+        changed |= self.create_link(spec).await?;
+        let made = self
+            .link_by_name(&spec.name)
+            .await?
+            .ok_or_else(|| Error::failed(&op, &spec.name, "it vanished after creation"))?;
         Ok((made, changed))
     }
 
@@ -1231,4 +1211,24 @@ fn fdb_name(e: &FdbEntry) -> String {
         Some(d) => format!("{} dst {d} on link {}", format_mac(&e.mac), e.device),
         None => format!("{} on link {}", format_mac(&e.mac), e.device),
     }
+}
+
+/// A vxlan link's message with its attributes.
+fn vxlan_link(name: &str, v: &Vxlan) -> LinkMessageBuilder<LinkVxlan> {
+    let mut b = LinkVxlan::new(name, v.vni).learning(v.learning);
+    if v.port != 0 {
+        b = b.port(v.port);
+    }
+    b = match v.local {
+        Some(IpAddr::V4(a)) => b.local(a),
+        Some(IpAddr::V6(a)) => b.local6(a),
+        None => b,
+    };
+    if let Some(dev) = v.device {
+        b = b.dev(dev);
+    }
+    if v.gbp {
+        b = b.gbp();
+    }
+    b
 }

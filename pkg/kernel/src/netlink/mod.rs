@@ -14,6 +14,6 @@ pub use conn::{Conn, Write};
 pub use events::{Event, Events};
 pub use sync::Netlink;
 pub use types::{
-    format_mac, AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, RouteInfo,
-    VethSpec, Vxlan, VxlanSpec, MAIN_TABLE, PROTOCOL_BOOT,
+    format_mac, AddressInfo, BridgeSpec, FdbEntry, Link, LinkKind, LinkSpec, Neighbour, Nexthop,
+    Route, RouteInfo, VethSpec, Vxlan, MAIN_TABLE, PROTOCOL_BOOT,
 };

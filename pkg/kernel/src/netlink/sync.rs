@@ -6,7 +6,7 @@
 
 use super::conn::Conn;
 use super::types::{
-    AddressInfo, BridgeSpec, FdbEntry, Link, Neighbour, Nexthop, Route, VethSpec, VxlanSpec,
+    AddressInfo, BridgeSpec, FdbEntry, Link, LinkSpec, Neighbour, Nexthop, Route, VethSpec,
 };
 use crate::error::{Error, Result};
 use crate::netns::Netns;
@@ -137,12 +137,10 @@ blocking! {
     fn create_bridge(&self, spec: &BridgeSpec<'_>) -> bool;
     /// Creates the veth pair; false when one of the two names is taken.
     fn create_veth(&self, spec: &VethSpec<'_>) -> bool;
-    /// Creates the vxlan device; false when a link of that name already exists.
-    fn create_vxlan(&self, spec: &VxlanSpec) -> bool;
-    /// Creates a kernel WireGuard device; false when a link of that name already exists.
-    fn create_wireguard(&self, name: &str, mtu: Option<u32>) -> bool;
-    /// The vxlan device as `spec` says, and whether anything had to change.
-    fn ensure_vxlan(&self, spec: &VxlanSpec) -> (Link, bool);
+    /// Makes the link `spec` says; false when a link of that name already exists.
+    fn create_link(&self, spec: &LinkSpec) -> bool;
+    /// The link as `spec` says, and whether anything had to change.
+    fn ensure_link(&self, spec: &LinkSpec) -> (Link, bool);
     /// Deletes a link (and a veth's peer with it); false when it was already gone.
     fn delete_link(&self, index: u32) -> bool;
     /// Bridge port flags: hairpin and isolation.

@@ -94,77 +94,107 @@ pub struct Vxlan {
     pub gbp: bool,
 }
 
-/// A vxlan device as wanted.
+/// A link to make or keep, of any kind RTM_NEWLINK makes, everything in the one message so
+/// that it is never seen half made. A kind without attributes of its own is
+/// [`LinkKind::Named`]: a new one of those needs nothing here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VxlanSpec {
+pub struct LinkSpec {
     pub name: String,
-    pub vxlan: Vxlan,
+    pub kind: LinkKind,
     pub mtu: Option<u32>,
     pub mac: Option<[u8; 6]>,
 }
 
-impl VxlanSpec {
-    /// How `have` differs from this spec, one entry per attribute (empty: it fits). A device
-    /// that is not a vxlan differs in its kind.
-    pub fn differences(&self, have: &Link) -> Vec<String> {
-        let Some(v) = have.vxlan.as_ref().filter(|_| have.is_vxlan()) else {
-            return vec![format!(
-                "kind is {:?}, not vxlan",
-                have.kind.as_deref().unwrap_or("none")
-            )];
+/// A link's kind, with the attributes of the kinds that have their own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkKind {
+    /// A kind the kernel makes from its name alone (`wireguard`, `dummy`, `ifb`).
+    Named(&'static str),
+    Vxlan(Vxlan),
+}
+
+impl LinkKind {
+    /// The kind as the kernel names it ([`Link::kind`]).
+    pub fn name(&self) -> &'static str {
+        match self {
+            LinkKind::Named(kind) => kind,
+            LinkKind::Vxlan(_) => "vxlan",
+        }
+    }
+
+    /// The attributes of its kind that `have` differs in, as (what, wanted, held).
+    fn differences(&self, have: &Link) -> Vec<(&'static str, String, String)> {
+        let LinkKind::Vxlan(want) = self else {
+            return Vec::new();
         };
-        let want = &self.vxlan;
-        let mut out = Vec::new();
-        let mut differ = |what: &str, w: String, h: String| {
-            if w != h {
-                out.push(format!("{what} is {h}, wanted {w}"));
-            }
-        };
-        differ("VNI", want.vni.to_string(), v.vni.to_string());
+        let v = have.vxlan.clone().unwrap_or_default();
         // Port 0 asks for the kernel's default, which a device reports as 8472.
         let port = |p: u16| if p == 0 { 8472 } else { p };
-        differ(
-            "port",
-            port(want.port).to_string(),
-            port(v.port).to_string(),
-        );
-        differ(
-            "local address",
-            format!("{:?}", want.local),
-            format!("{:?}", v.local),
-        );
-        differ(
-            "device",
-            format!("{:?}", want.device),
-            format!("{:?}", v.device),
-        );
-        differ(
-            "learning",
-            want.learning.to_string(),
-            v.learning.to_string(),
-        );
-        differ("GBP", want.gbp.to_string(), v.gbp.to_string());
-        if let Some(mtu) = self.mtu {
-            differ("MTU", mtu.to_string(), format!("{}", have.mtu.unwrap_or(0)));
+        vec![
+            ("VNI", want.vni.to_string(), v.vni.to_string()),
+            (
+                "port",
+                port(want.port).to_string(),
+                port(v.port).to_string(),
+            ),
+            (
+                "local address",
+                format!("{:?}", want.local),
+                format!("{:?}", v.local),
+            ),
+            (
+                "device",
+                format!("{:?}", want.device),
+                format!("{:?}", v.device),
+            ),
+            (
+                "learning",
+                want.learning.to_string(),
+                v.learning.to_string(),
+            ),
+            ("GBP", want.gbp.to_string(), v.gbp.to_string()),
+        ]
+        .into_iter()
+        .filter(|(_, w, h)| w != h)
+        .collect()
+    }
+}
+
+impl LinkSpec {
+    /// How `have` differs from this spec, one entry per attribute (empty: it fits). A link of
+    /// another kind differs in its kind.
+    pub fn differences(&self, have: &Link) -> Vec<String> {
+        let kind = self.kind.name();
+        if have.kind.as_deref() != Some(kind) {
+            return vec![format!(
+                "kind is {:?}, not {kind}",
+                have.kind.as_deref().unwrap_or("none")
+            )];
         }
-        if let Some(mac) = self.mac {
-            differ("MAC", format_mac(&mac), have.mac_string());
+        let mut out: Vec<String> = self
+            .kind
+            .differences(have)
+            .into_iter()
+            .map(|(what, w, h)| format!("{what} is {h}, wanted {w}"))
+            .collect();
+        if let Some(mtu) = self.mtu.filter(|m| have.mtu != Some(*m)) {
+            out.push(format!("MTU is {}, wanted {mtu}", have.mtu.unwrap_or(0)));
+        }
+        if let Some(mac) = self.mac.filter(|m| have.mac != m.as_slice()) {
+            out.push(format!(
+                "MAC is {}, wanted {}",
+                have.mac_string(),
+                format_mac(&mac)
+            ));
         }
         out
     }
 
     /// Whether `have` differs at most in MTU and MAC, which can be set in place; the kernel
-    /// changes no vxlan's VNI, port or addresses, so any other difference means recreating it.
+    /// changes no link's kind and no vxlan's VNI, port or addresses, so any other difference
+    /// means making it again.
     pub fn mendable(&self, have: &Link) -> bool {
-        let fixed = |v: &Vxlan| Vxlan {
-            port: if v.port == 0 { 8472 } else { v.port },
-            ..v.clone()
-        };
-        have.is_vxlan()
-            && have
-                .vxlan
-                .as_ref()
-                .is_some_and(|v| fixed(v) == fixed(&self.vxlan))
+        have.kind.as_deref() == Some(self.kind.name()) && self.kind.differences(have).is_empty()
     }
 }
 
