@@ -1,6 +1,7 @@
-//! The daemon's own errors, one type per layer: a bad start (exit status 2), a lost lease (exit
-//! status 1), and a plane's pass that failed (logged, tried again). Each says what it was doing
-//! in the words the log lines have always used.
+//! The daemon's own errors, one type per layer: a bad start (exit status 2) and a lost lease
+//! (exit status 1); a plane's pass that failed (logged, tried again) is the planes' own
+//! (`planes::PassError`). Each says what it was doing in the words the log lines have always
+//! used.
 
 use crate::config::ConfigError;
 use crate::iface::IfaceError;
@@ -119,34 +120,3 @@ impl fmt::Display for LeaseLost {
 }
 
 impl std::error::Error for LeaseLost {}
-
-/// A plane's pass that failed: the kernel layer's error, or the blocking task that ran the
-/// firewall tools ended without an answer.
-#[derive(Debug)]
-pub enum PassError {
-    Kernel(cni_kernel::Error),
-    Task(tokio::task::JoinError),
-}
-
-impl fmt::Display for PassError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PassError::Kernel(e) => e.fmt(f),
-            PassError::Task(why) => write!(f, "the check failed: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for PassError {}
-
-impl From<cni_kernel::Error> for PassError {
-    fn from(e: cni_kernel::Error) -> PassError {
-        PassError::Kernel(e)
-    }
-}
-
-impl From<tokio::task::JoinError> for PassError {
-    fn from(e: tokio::task::JoinError) -> PassError {
-        PassError::Task(e)
-    }
-}

@@ -285,7 +285,7 @@ mod tests {
         fn follows_leases(&self) -> bool {
             self.follows
         }
-        async fn plan(&mut self, others: &Others) -> Result<Seen, crate::error::PassError> {
+        async fn plan(&mut self, others: &Others) -> Result<Seen, crate::planes::PassError> {
             tokio::time::sleep(self.busy).await;
             Ok(Seen(match others {
                 Others::Unknown => None,
@@ -297,7 +297,7 @@ mod tests {
                 p.push(seen.0);
             }
         }
-        fn failed(&mut self, _: crate::error::PassError, _: &Others) {}
+        fn failed(&mut self, _: crate::planes::PassError, _: &Others) {}
     }
 
     fn lease(i: u8) -> Arc<Lease> {

@@ -5,8 +5,7 @@
 //! `--iptables-resync`; a route of another kind to the subnet (a bridge's) makes the add fail
 //! as it does for Go's, and is named once, where Go's logs it at every pass.
 
-use super::{Others, Plan, Plane};
-use crate::error::PassError;
+use super::{Others, PassError, Plan, Plane};
 use crate::lease::SubnetKey;
 use crate::report::Finding;
 use cni_kernel::netlink::Conn;

@@ -6,8 +6,7 @@
 //! that its apply writes, so that `doctor --fix` writes what `doctor` found. The rule tools
 //! block, so each pass runs off the async threads.
 
-use super::{Others, Plan, Plane};
-use crate::error::PassError;
+use super::{Others, PassError, Plan, Plane};
 use crate::masq::{self, MasqSpec, Previous};
 use crate::metrics::{self, METRICS};
 use crate::report::Finding;

@@ -9,13 +9,13 @@ pub mod firewall;
 pub mod netlink;
 pub mod subnet_env;
 
-use crate::error::PassError;
 use crate::lease::{Lease, SubnetKey};
 use crate::report::Finding;
 use cni_kernel::netlink::Event as NlEvent;
 use futures::future::BoxFuture;
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -169,5 +169,36 @@ impl<P: Plane> DynPlane for P {
                 self.apply(*plan, others).await;
             }
         })
+    }
+}
+
+/// A plane's pass that failed: the kernel layer's error, or the blocking task that ran the
+/// firewall tools ended without an answer.
+#[derive(Debug)]
+pub enum PassError {
+    Kernel(cni_kernel::Error),
+    Task(tokio::task::JoinError),
+}
+
+impl fmt::Display for PassError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PassError::Kernel(e) => e.fmt(f),
+            PassError::Task(why) => write!(f, "the check failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for PassError {}
+
+impl From<cni_kernel::Error> for PassError {
+    fn from(e: cni_kernel::Error) -> PassError {
+        PassError::Kernel(e)
+    }
+}
+
+impl From<tokio::task::JoinError> for PassError {
+    fn from(e: tokio::task::JoinError) -> PassError {
+        PassError::Task(e)
     }
 }

@@ -4,10 +4,9 @@
 //! and the leases call for; applying it makes or mends the devices, then writes the entries'
 //! difference in one batch.
 
-use super::{Leases, Others, Plan, Plane};
+use super::{Leases, Others, PassError, Plan, Plane};
 use crate::backend::api::{Backend, DevicePeer};
 use crate::entries::{self, diff, owns_nexthop, Entries, KindPlan, PeerEntry, RouteStyle};
-use crate::error::PassError;
 use crate::family::IpFamily;
 use crate::iface::{is_link_local, External};
 use crate::lease::{LeaseAttrs, SubnetKey};

@@ -3,11 +3,10 @@
 //! it holds, as flanneld does; every pass after reads it and writes it again only when it
 //! differs.
 
-use super::{Others, Plan, Plane};
-use crate::error::PassError;
+use super::{Others, PassError, Plan, Plane};
 use crate::lease::SubnetKey;
-use crate::registry::cause::Retrying;
 use crate::report::Finding;
+use crate::registry::cause::Retrying;
 use ipnetwork::IpNetwork;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
