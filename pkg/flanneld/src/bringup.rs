@@ -211,7 +211,9 @@ async fn ground(
             public.join(" ")
         ),
     ));
-    let firewall = match Firewall::choose(settings.masq, &cfg, Installed::here()) {
+    let firewall = match Firewall::choose(settings.masq, &cfg, Installed::here())
+        .map_err(StartError::Firewall)
+    {
         Ok(fw) => fw,
         Err(e) if examine => {
             say(Note::new("firewall", Level::Wrong, e.to_string()));

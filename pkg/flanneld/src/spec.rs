@@ -7,7 +7,6 @@
 use crate::backend::api::{Backend, Device, Peer, PeerFamily, Skip};
 use crate::config::NetConfig;
 use crate::entries::{is_our_nexthop_id, NexthopIds, RouteStyle, Want};
-use crate::error::StartError;
 use crate::family::IpFamily;
 use crate::iface::External;
 use crate::lease::{Lease, SubnetKey};
@@ -44,13 +43,13 @@ pub struct Firewall {
 impl Firewall {
     /// The backend for the rules `o` asks for under `cfg` on a host with the tools `have`:
     /// `EnableNFTables` or, without iptables, nftables; else iptables. `--ip-masq` with no tool
-    /// to write its rules fails the start saying what is missing; the forward rules alone are
-    /// left out with a warning (the FORWARD policy then decides).
+    /// to write its rules fails, saying what is missing (the start ends there); the forward
+    /// rules alone are left out with a warning (the FORWARD policy then decides).
     pub fn choose(
         o: MasqOptions,
         cfg: &NetConfig,
         have: Installed,
-    ) -> Result<Firewall, StartError> {
+    ) -> Result<Firewall, cni_kernel::Error> {
         if !(o.masq || o.forward_rules) {
             return Ok(Firewall {
                 backend: None,
@@ -62,7 +61,7 @@ impl Firewall {
                 backend: Some(d.backend),
                 note: d.note,
             }),
-            Err(e) if o.masq => Err(StartError::Firewall(e)),
+            Err(e) if o.masq => Err(e),
             Err(e) => Ok(Firewall {
                 backend: None,
                 note: Some(format!(
@@ -393,9 +392,9 @@ mod tests {
         let f = choose(&masq, &plain, have(false, true)).unwrap();
         assert_eq!(f.backend, Some(firewall::Backend::Nftables));
         assert!(f.note.unwrap().contains("using nftables"));
-        // --ip-masq that nothing can write fails the start (status 2), saying what is missing.
+        // --ip-masq that nothing can write fails, saying what is missing.
         let e = choose(&masq, &plain, have(false, false)).unwrap_err();
-        assert!(e.to_string().starts_with("--ip-masq: "), "{e}");
+        assert_eq!(e.kind(), cni_kernel::Kind::Invalid, "{e}");
         assert!(e.to_string().contains("neither iptables"), "{e}");
         let e = choose(&masq, &nft, have(true, false)).unwrap_err();
         assert!(e.to_string().contains("EnableNFTables is set"), "{e}");
