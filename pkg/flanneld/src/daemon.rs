@@ -61,7 +61,7 @@ async fn renew_forever(
             .duration_since(SystemTime::now())
             .unwrap_or_default();
         tokio::time::sleep(wait).await;
-        let mut trouble = crate::registry::cause::Retrying::default();
+        let mut trouble = crate::retrying::Retrying::default();
         loop {
             let key = lease.key;
             match reg.renew(&lease, ttl).await {

@@ -25,6 +25,7 @@ pub mod readiness;
 pub mod reconcile;
 pub mod registry;
 pub mod report;
+pub mod retrying;
 pub mod settings;
 pub mod spec;
 pub mod view;

@@ -6,7 +6,7 @@
 use super::{Others, PassError, Plan, Plane};
 use crate::lease::SubnetKey;
 use crate::report::Finding;
-use crate::registry::cause::Retrying;
+use crate::retrying::Retrying;
 use ipnetwork::IpNetwork;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

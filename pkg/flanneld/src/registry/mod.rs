@@ -7,7 +7,6 @@
 //! one they talk to. In etcd and the directory the node chooses a free subnet and creates its
 //! lease ([`choose_and_create`]); in the Kubernetes API the cluster assigns it (the podCIDR).
 
-pub mod cause;
 pub mod dir;
 pub mod etcd;
 pub mod kube;
@@ -17,6 +16,7 @@ use crate::config::NetConfig;
 use crate::iface::Wanted;
 use crate::lease::{Annotated, Lease, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
+use crate::retrying::Retrying;
 use crate::view::{warn_skipped, BadEntry};
 use etcd::{EtcdOptions, EtcdRegistry};
 use futures::future::BoxFuture;
@@ -384,7 +384,7 @@ pub async fn open_to_read(choice: &RegistryChoice) -> Result<Arc<dyn Registry>> 
 
 /// Lists until the registry answers, logging a failure when its cause changes.
 pub async fn list_until_ok(reg: &dyn Registry) -> Listing {
-    let mut trouble = cause::Retrying::default();
+    let mut trouble = Retrying::default();
     let mut delay = Duration::from_millis(200);
     loop {
         match reg.list().await {

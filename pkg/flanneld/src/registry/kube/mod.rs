@@ -27,10 +27,10 @@ pub use watch::{Delivery, NodeWatch};
 use crate::config::NetConfig;
 use crate::lease::{Annotated, LeaseAttrs, SubnetKey};
 use crate::metrics::{self, METRICS};
-use crate::registry::cause::Retrying;
 use crate::registry::{
     Acquired, Change, LeaseRequest, Listing, Registry, RegistryError, Result as RegResult, WatchEnd,
 };
+use crate::retrying::Retrying;
 use crate::view::warn_skipped;
 
 use futures::future::BoxFuture;
