@@ -39,6 +39,14 @@ pub struct Flags {
         env = "FLANNEL_NETPOL_RESYNC"
     )]
     pub resync: u64,
+    /// flanneld's subnet file, read for whether it masquerades pods' traffic (--ip-masq).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/run/flannel/subnet.env",
+        env = "FLANNEL_NETPOL_SUBNET_FILE"
+    )]
+    pub subnet_file: std::path::PathBuf,
     /// text or json.
     #[arg(
         long,

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod enforcer;
 pub mod flags;
+pub mod flannel;
 pub mod health;
 pub mod kernel;
 pub mod metrics;

@@ -8,7 +8,7 @@ use flannel_netpol::flags::{Command, Flags};
 use flannel_netpol::model::{Namespace, NetworkPolicy, Pod};
 use flannel_netpol::nft::{desired, transaction, TABLE};
 use flannel_netpol::objects::{Change, Objects};
-use flannel_netpol::{bridge, daemon, health, kernel};
+use flannel_netpol::{bridge, daemon, flannel, health, kernel};
 use kube_lite::{KubeClient, KubeError, Selector, Source, NAMESPACES, NETWORK_POLICIES, PODS};
 use std::process::ExitCode;
 use tracing::{error, info, warn};
@@ -55,7 +55,7 @@ async fn list_all(client: &KubeClient) -> Result<Objects, KubeError> {
 }
 
 /// One look: listed, compiled, compared with the table.
-fn look(node: &str, objects: &Objects, fix: bool) -> Look {
+fn look(flags: &Flags, node: &str, objects: &Objects, fix: bool) -> Look {
     let mut findings = vec![Finding {
         ok: true,
         kind: "api",
@@ -71,6 +71,12 @@ fn look(node: &str, objects: &Objects, fix: bool) -> Look {
         ok: b.is_ok(),
         kind: "bridge",
         detail: b.describe(),
+    });
+    let masq = flannel::check(&flags.subnet_file);
+    findings.push(Finding {
+        ok: masq.is_ok(),
+        kind: "flannel",
+        detail: masq.unwrap_or_else(|e| e),
     });
     let compiled = compile(objects, node);
     for p in &compiled.problems {
@@ -131,7 +137,7 @@ async fn doctor(flags: &Flags, node: &str, fix: bool) -> u8 {
             return 1;
         }
     };
-    let first = look(node, &objects, false);
+    let first = look(flags, node, &objects, false);
     print!("{}", doctor::text(&first, &objects));
     let Some(tx) = first.transaction.as_ref().filter(|_| fix) else {
         return u8::from(first.problems() > 0);
@@ -141,7 +147,7 @@ async fn doctor(flags: &Flags, node: &str, fix: bool) -> u8 {
         return 1;
     }
     println!("--fix: wrote the table's difference; looking again:");
-    let again = look(node, &objects, true);
+    let again = look(flags, node, &objects, true);
     print!("{}", doctor::text(&again, &objects));
     u8::from(again.problems() > 0)
 }
@@ -156,6 +162,10 @@ async fn serve(flags: &Flags, node: String) -> u8 {
         info!("{}", b.describe());
     } else {
         warn!("{}", b.describe());
+    }
+    match flannel::check(&flags.subnet_file) {
+        Ok(said) => info!("{said}"),
+        Err(warning) => warn!("{warning}"),
     }
     if !flags.metrics_bind_address.is_empty() {
         let addr = match flags.metrics_bind_address.parse() {
