@@ -168,9 +168,12 @@ fn hand_edits_come_back_doctor_says_so_and_bad_policies_are_told() {
             "--kubeconfig".to_string(),
             w.kubeconfig().display().to_string(),
         ];
+        let subnet_file = w.cluster.node(1).subnet_file().display().to_string();
         args.extend([
             "--hostname-override".into(),
             "node1".into(),
+            "--subnet-file".into(),
+            subnet_file,
             "doctor".into(),
         ]);
         if fix {
@@ -186,6 +189,10 @@ fn hand_edits_come_back_doctor_says_so_and_bad_policies_are_told() {
     assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains("FAIL table    inet flannel-netpol differs"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ok   flannel  ") && text.contains("FLANNEL_IPMASQ=true"),
         "{text}"
     );
     assert!(

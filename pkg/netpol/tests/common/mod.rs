@@ -97,6 +97,11 @@ impl World {
         World::prepared(prefix, net, backend, underlay, extra, |_| {})
     }
 
+    /// As `new`, with flanneld started without --ip-masq: no NAT at all.
+    pub fn without_masq(prefix: &str, net: u8, backend: &str, underlay: Underlay) -> World {
+        World::build(prefix, net, backend, underlay, &[], |_| {})
+    }
+
     /// As `new`, with `prepare` given the cluster before flanneld starts on it.
     pub fn prepared(
         prefix: &str,
@@ -104,6 +109,19 @@ impl World {
         backend: &str,
         underlay: Underlay,
         extra: &[&str],
+        prepare: impl FnOnce(&mut Cluster),
+    ) -> World {
+        let mut args = vec!["--ip-masq"];
+        args.extend_from_slice(extra);
+        World::build(prefix, net, backend, underlay, &args, prepare)
+    }
+
+    fn build(
+        prefix: &str,
+        net: u8,
+        backend: &str,
+        underlay: Underlay,
+        args: &[&str],
         prepare: impl FnOnce(&mut Cluster),
     ) -> World {
         let conf = match underlay {
@@ -114,10 +132,8 @@ impl World {
         };
         let mut cluster = Cluster::on(underlay, prefix, net, 3, Registry::Kube, &conf);
         prepare(&mut cluster);
-        let mut args = vec!["--ip-masq"];
-        args.extend_from_slice(extra);
         for n in 1..=3 {
-            cluster.start_flanneld(n, &flanneld(), &args);
+            cluster.start_flanneld(n, &flanneld(), args);
         }
         for n in 1..=3 {
             cluster.node(n).wait_subnet_env(T);
@@ -237,6 +253,10 @@ impl World {
             .command(NETPOL)
             .args(["--kubeconfig", &self.kubeconfig.display().to_string()])
             .args(["--hostname-override", &format!("node{node}")])
+            .args([
+                "--subnet-file",
+                &self.cluster.node(node).subnet_file().display().to_string(),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
