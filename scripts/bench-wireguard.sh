@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# WireGuard tunnel throughput, side by side in one run: our userspace tunnel (flannel-wireguard)
-# against Debian's wireguard-go, each between two namespaces ("nodes") joined by a veth, the
-# tunnel configured with `wg` as flanneld configures a node (address /32, scope-link route,
-# one peer per node), MTU 1440. For each: TCP throughput of iperf3 from a pod namespace behind
-# one node to a pod behind the other, and the tunnel processes' CPU seconds per Gbit carried.
+# WireGuard tunnel throughput, side by side in one run: our userspace tunnel (flannel-wireguard,
+# release build), the `wireguard-go` first on PATH, and the kernel's vxlan (flannel's vxlan
+# backend's data path, the ceiling of what the namespaces carry). Two "nodes" (namespaces) on a
+# veth, a "pod" namespace routed behind each; the tunnels configured with `wg` as flanneld
+# configures a node (address /32, a route for the other pod's subnet, one peer), MTU 1420 as
+# flanneld gives it (vxlan: 1450). Rounds interleave the tunnels, so load from elsewhere falls
+# on all of them alike.
 #   scripts/bench-wireguard.sh [seconds (default 10)] [rounds (default 3)]
-# Then, for each, the time `wg setconf` takes to program PEERS (default 5000) peers into a fresh
-# device (one per node of a cluster of that size: key, endpoint, a /24) and the tunnel
-# process's RSS after it.
-# Last, what a restart costs pods, for our tunnel: pings at 100/s between the pods while (a) the
-# configuration is applied again to the running tunnel (what a restarted flanneld does to a
-# tunnel process that outlived it), and (b) the tunnel process itself is restarted and configured
-# again (what restarting flanneld would cost were the tunnel inside it).
-# IMPLS="ours wireguard-go" picks the tunnels. Needs root; quote only from a quiet machine.
+# For each round and tunnel: iperf3 TCP throughput pod to pod; the tunnel processes' CPU seconds
+# per Gbit carried; the share of the machine (all cores) iperf3 itself took, client and server;
+# the share of the machine busy in all (this includes whatever else the machine runs).
+# Then, for the userspace tunnels, the time `wg setconf` takes to program PEERS (default 5000)
+# peers into a fresh device and the process's RSS after it; and what a restart costs pods, for
+# ours: pings at 100/s while (a) the configuration is applied again to the running tunnel (what
+# a restarted flanneld does to the tunnel it left), (b) the tunnel process itself is restarted.
+# IMPLS="ours wireguard-go vxlan" picks the tunnels; OURS=<binary> another build of ours. `wireguard-go` is Debian's unless another is
+# first on PATH: for the reference anchor, mkdir -p /tmp/wgref && ln -s
+# "$PWD/../shared/reference/wireguard-go-f67c862" /tmp/wgref/wireguard-go && PATH=/tmp/wgref:$PATH.
+# Needs root; it makes only namespaces (and removes them), never touches the root namespace.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "run as root: the benchmark creates network namespaces" >&2; exit 1; }
-for t in wireguard-go wg iperf3; do
-    command -v $t >/dev/null || { echo "missing $t: apt-get install wireguard-go wireguard-tools iperf3" >&2; exit 1; }
+for t in wireguard-go wg iperf3 python3 ping; do
+    command -v $t >/dev/null || { echo "missing $t: apt-get install wireguard-go wireguard-tools iperf3 python3 iputils-ping" >&2; exit 1; }
 done
 secs=${1:-10}
 rounds=${2:-3}
-impls=${IMPLS:-ours wireguard-go}
-cargo build --release --locked --quiet -p flannel-wireguard
-ours=$PWD/target/release/flannel-wireguard
+impls=${IMPLS:-ours wireguard-go vxlan}
+# OURS=<binary> measures another build of ours (one kept from an earlier commit, say).
+if [ -z "${OURS:-}" ]; then
+    cargo build --release --locked --quiet -p flannel-wireguard
+fi
+ours=${OURS:-$PWD/target/release/flannel-wireguard}
 
 tag=wgb$$
 nsa=$tag-a nsb=$tag-b pa=$tag-pa pb=$tag-pb
@@ -32,15 +40,13 @@ cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     for n in $nsa $nsb $pa $pb; do ip netns del "$n" 2>/dev/null || true; done
-    rm -f /var/run/wireguard/$tag-*.sock
+    rm -f /var/run/wireguard/$tag-*.sock "$tag".ping
 }
 trap cleanup EXIT
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
-# node namespace, pod namespace, underlay address, node number
-setup_node() {
-    local ns=$1 pod=$2 n=$4
+# node namespace, pod namespace, node number
+setup_pod() {
+    local ns=$1 pod=$2 n=$3
     ip netns add "$pod"
     ip -n "$ns" link add "$tag-p$n" type veth peer name eth0 netns "$pod"
     ip -n "$ns" addr add 10.77.$n.1/24 dev "$tag-p$n"
@@ -57,12 +63,9 @@ ip netns add $nsb
 ip -n $nsa link add ul type veth peer name ul netns $nsb
 ip -n $nsa addr add 192.168.77.1/24 dev ul
 ip -n $nsb addr add 192.168.77.2/24 dev ul
-ip -n $nsa link set ul up
-ip -n $nsb link set ul up
-ip -n $nsa link set lo up
-ip -n $nsb link set lo up
-setup_node $nsa $pa 192.168.77.1 1
-setup_node $nsb $pb 192.168.77.2 2
+for n in $nsa $nsb; do ip -n $n link set ul up; ip -n $n link set lo up; done
+setup_pod $nsa $pa 1
+setup_pod $nsb $pb 2
 keya=$(wg genkey) keyb=$(wg genkey)
 puba=$(echo "$keya" | wg pubkey) pubb=$(echo "$keyb" | wg pubkey)
 
@@ -72,13 +75,19 @@ start_tunnel() {
     case $impl in
         ours) ip netns exec "$ns" "$ours" "$dev" >/dev/null 2>&1 & ;;
         wireguard-go) WG_PROCESS_FOREGROUND=1 ip netns exec "$ns" wireguard-go -f "$dev" >/dev/null 2>&1 & ;;
+        vxlan)
+            ip -n "$ns" link add "$dev" type vxlan id 42 local 192.168.77.$n remote "$peerip" dstport 4789 dev ul
+            ip -n "$ns" addr add 10.78.0.$n/24 dev "$dev"
+            ip -n "$ns" link set "$dev" mtu 1450 up
+            ip -n "$ns" route add 10.77.$m.0/24 via 10.78.0.$m dev "$dev"
+            return ;;
     esac
     pids+=($!)
-    for _ in $(seq 100); do [ -S /var/run/wireguard/$dev.sock ] && wg show "$dev" >/dev/null 2>&1 && break; sleep 0.05; done
+    for _ in $(seq 200); do [ -S /var/run/wireguard/$dev.sock ] && wg show "$dev" >/dev/null 2>&1 && break; sleep 0.05; done
     wg set "$dev" private-key <(echo "$key") listen-port 51820 \
         peer "$peer" endpoint "$peerip:51820" allowed-ips 10.77.$m.0/24
     ip -n "$ns" addr add 10.77.$n.0/32 dev "$dev"
-    ip -n "$ns" link set "$dev" mtu 1440 up
+    ip -n "$ns" link set "$dev" mtu 1420 up
     ip -n "$ns" route add 10.77.$m.0/24 dev "$dev" scope link
 }
 
@@ -89,31 +98,67 @@ stop_tunnels() {
     ip -n $nsb link del "$2" 2>/dev/null || true
 }
 
-printf '%-14s %5s %10s %16s\n' tunnel round Gbit/s "CPU s per Gbit"
+# One iperf3 run from pod a to pod b: prints Gbit/s, the tunnel processes' CPU s per Gbit, and
+# iperf3's and the whole machine's busy share of all cores.
+measure() {
+    python3 - "$pa" "$pb" "$secs" "${pids[@]}" <<'PY'
+import json, os, subprocess, sys, time
+pa, pb, secs, tunnels = sys.argv[1], sys.argv[2], float(sys.argv[3]), [int(p) for p in sys.argv[4:]]
+hz = os.sysconf("SC_CLK_TCK")
+ncpu = os.cpu_count()
+def ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+def busy():
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    idle = cpu[3] + cpu[4]
+    return sum(cpu[:8]) - idle, sum(cpu[:8])
+def run(ns, args):
+    return subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+server = run(pb, ["-s", "-1", "-B", "10.77.2.2"])
+time.sleep(0.3)
+t0 = [ticks(p) for p in tunnels]
+b0, a0 = busy()
+w0 = time.monotonic()
+client = run(pa, ["-c", "10.77.2.2", "-t", str(secs), "-J"])
+out, _ = client.communicate()
+wall = time.monotonic() - w0
+b1, a1 = busy()
+t1 = [ticks(p) for p in tunnels]
+server.wait(timeout=30)
+res = json.loads(out)
+bps = res["end"]["sum_received"]["bits_per_second"]
+gbit = bps * secs / 1e9
+cpu_client = res["end"]["cpu_utilization_percent"]["host_total"] / 100 * secs
+cpu_server = res["end"]["cpu_utilization_percent"]["remote_total"] / 100 * secs
+tunnel_cpu = sum(b - a for a, b in zip(t0, t1)) / hz
+per_gbit = f"{tunnel_cpu / gbit:.3f}" if tunnels else "-"
+iperf_share = (cpu_client + cpu_server) / (secs * ncpu)
+machine = (b1 - b0) / (a1 - a0) if a1 > a0 else 0
+print(f"{bps / 1e9:8.3f} {per_gbit:>10} {100 * iperf_share:9.0f}% {100 * machine:9.0f}%")
+PY
+}
+
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+printf '%-14s %5s %8s %10s %10s %10s\n' tunnel round Gbit/s "CPU s/Gbit" "iperf3" "machine"
 for round in $(seq "$rounds"); do
     for impl in $impls; do
         da=$tag-a$round db=$tag-b$round
         start_tunnel $impl $nsa $da "$keya" "$pubb" 192.168.77.2 1 2 >/dev/null
         start_tunnel $impl $nsb $db "$keyb" "$puba" 192.168.77.1 2 1 >/dev/null
         ip netns exec $pa ping -c 3 -i 0.2 -W 2 10.77.2.2 >/dev/null || { echo "$impl: no ping across the tunnel" >&2; exit 1; }
-        ip netns exec $pb iperf3 -s -D -1 -B 10.77.2.2 >/dev/null 2>&1
-        sleep 0.3
-        before=0; for p in "${pids[@]}"; do before=$((before + $(cpu_ticks "$p"))); done
-        out=$(ip netns exec $pa iperf3 -c 10.77.2.2 -t "$secs" -J)
-        after=0; for p in "${pids[@]}"; do after=$((after + $(cpu_ticks "$p"))); done
-        bps=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
-        hz=$(getconf CLK_TCK)
-        python3 - "$impl" "$round" "$bps" "$before" "$after" "$hz" "$secs" <<'PY'
-import sys
-impl, rnd, bps, before, after, hz, secs = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
-gbit = bps * secs / 1e9
-cpu = (after - before) / hz
-print(f"{impl:<14} {rnd:>5} {bps/1e9:10.3f} {cpu/gbit:16.3f}")
-PY
+        printf '%-14s %5s ' "$impl" "$round"
+        measure
         stop_tunnels $da $db
     done
 done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+userspace=""
+for impl in $impls; do [ "$impl" = vxlan ] || userspace="$userspace $impl"; done
 npeers=${PEERS:-5000}
 conf=$(mktemp)
 python3 - "$npeers" "$(wg genkey)" >"$conf" <<'PY'
@@ -127,15 +172,15 @@ for i in range(n):
 PY
 echo
 printf '%-14s %7s %14s %10s\n' tunnel peers "setconf ms" "RSS MiB"
-for impl in $impls; do
+for impl in $userspace; do
     dev=$tag-c
     case $impl in
         ours) ip netns exec $nsa "$ours" "$dev" >/dev/null 2>&1 & ;;
-        wireguard-go) ip netns exec $nsa wireguard-go -f "$dev" >/dev/null 2>&1 & ;;
+        wireguard-go) WG_PROCESS_FOREGROUND=1 ip netns exec $nsa wireguard-go -f "$dev" >/dev/null 2>&1 & ;;
     esac
     pid=$!
     pids+=($pid)
-    for _ in $(seq 100); do wg show "$dev" >/dev/null 2>&1 && break; sleep 0.05; done
+    for _ in $(seq 200); do wg show "$dev" >/dev/null 2>&1 && break; sleep 0.05; done
     start=$(date +%s%N)
     wg setconf "$dev" "$conf"
     end=$(date +%s%N)
