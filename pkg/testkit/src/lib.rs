@@ -3,6 +3,7 @@
 //! removes everything when its guards drop, also when the test panics.
 //! Nothing here touches the root network namespace.
 
+pub mod bulk;
 pub mod cluster;
 pub mod conflist;
 pub mod kube_api;

@@ -95,51 +95,6 @@ fn shuttle(
     vec![out, inbound]
 }
 
-fn transfer(from: &TestNs, to: &TestNs, dest: &str, bytes: usize) {
-    let dir = tempfile_dir();
-    let (src, dst) = (format!("{dir}/src"), format!("{dir}/dst"));
-    from.run(
-        "sh",
-        &["-c", &format!("head -c {bytes} /dev/urandom > {src}")],
-    );
-    let listen = if dest.contains(':') {
-        "TCP6-LISTEN:7000,reuseaddr"
-    } else {
-        "TCP4-LISTEN:7000,reuseaddr"
-    };
-    let mut server = to
-        .command("socat")
-        .args(["-u", "-T", "20", listen, &format!("CREATE:{dst}")])
-        .spawn()
-        .unwrap();
-    let target = if dest.contains(':') {
-        format!("TCP:[{dest}]:7000,retry=50,interval=0.1")
-    } else {
-        format!("TCP:{dest}:7000,retry=50,interval=0.1")
-    };
-    let out = from
-        .command("socat")
-        .args(["-u", "-T", "20", &format!("OPEN:{src}"), &target])
-        .output()
-        .unwrap();
-    let status = server.wait().unwrap();
-    assert!(
-        out.status.success() && status.success(),
-        "TCP to {dest}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (a, b) = (std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
-    assert_eq!(a.len(), b.len(), "bytes to {dest}");
-    assert!(a == b, "the bytes to {dest} arrived changed");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn tempfile_dir() -> String {
-    let dir = std::env::temp_dir().join(unique_name("tunio"));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.display().to_string()
-}
-
 #[test]
 fn tcp_crosses_a_bare_udp_tunnel_intact_with_every_offload_used() {
     if !testkit::runs_here(
@@ -215,8 +170,8 @@ fn tcp_crosses_a_bare_udp_tunnel_intact_with_every_offload_used() {
         let mut threads = shuttle(&sa, peer(&sb), stop.clone(), counts.clone());
         threads.extend(shuttle(&sb, peer(&sa), stop.clone(), counts.clone()));
         a.run("ping", &["-c", "1", "-W", "5", "10.91.2.1"]);
-        transfer(&a, &b, "10.91.2.1", 20 << 20);
-        transfer(&b, &a, "fd00:91:1::1", 20 << 20);
+        testkit::bulk::tcp_transfer(&a, &b, "10.91.2.1", 20 << 20);
+        testkit::bulk::tcp_transfer(&b, &a, "fd00:91:1::1", 20 << 20);
         stop.store(true, Ordering::Relaxed);
         for s in [&sa, &sb] {
             s.sock.shutdown();

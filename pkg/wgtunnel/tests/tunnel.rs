@@ -1,9 +1,11 @@
 //! The userspace tunnel against the real kernel, in namespaces of its own: two "nodes" on a
-//! veth, pod addresses behind each tunnel; paired with itself and with Debian's wireguard-go
-//! (the wire is WireGuard's), configured through the UAPI socket by our client and by `wg`.
+//! veth, pod addresses behind each tunnel; paired with itself, with Debian's wireguard-go and
+//! with wireguard-go f67c862 (TUN offloads on its side: the wire must not change), over both
+//! underlay families, each side starting the handshake in turn; configured through the UAPI
+//! socket by our client and by `wg`.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,7 @@ use wireguard::uapi::{DeviceConfig, PeerConfig, UapiClient};
 use wireguard::Key;
 
 const WG_TOOLS: Need =
-    Need::Installed("wireguard-go and wg (Debian's wireguard-go, wireguard-tools)");
+    Need::Installed("wireguard-go, wg and socat (Debian's wireguard-go, wireguard-tools, socat)");
 
 fn have(tool: &str) -> bool {
     Command::new("sh")
@@ -23,10 +25,44 @@ fn have(tool: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Impl {
     Ours,
-    WireguardGo,
+    Go {
+        program: PathBuf,
+        which: &'static str,
+    },
+}
+
+impl Impl {
+    fn debian_go() -> Impl {
+        Impl::Go {
+            program: "/usr/bin/wireguard-go".into(),
+            which: "Debian's wireguard-go",
+        }
+    }
+
+    /// wireguard-go f67c862: `WIREGUARD_GO_F67C862`, else `../shared/reference/` beside the
+    /// checkout.
+    fn reference_go() -> Impl {
+        let program = std::env::var_os("WIREGUARD_GO_F67C862")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../../shared/reference/wireguard-go-f67c862")
+            });
+        Impl::Go {
+            program,
+            which: "wireguard-go f67c862",
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Impl::Ours => "ours",
+            Impl::Go { which, .. } => which,
+        }
+    }
 }
 
 /// A tunnel process, killed on drop (its TUN device goes with it).
@@ -55,11 +91,11 @@ fn wait_for(what: &str, ceiling: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn start(kind: Impl, ns: &TestNs, name: &str) -> Tunnel {
+fn start(kind: &Impl, ns: &TestNs, name: &str) -> Tunnel {
     let mut cmd = match kind {
         Impl::Ours => ns.command(env!("CARGO_BIN_EXE_flannel-wireguard")),
-        Impl::WireguardGo => {
-            let mut c = ns.command("wireguard-go");
+        Impl::Go { program, .. } => {
+            let mut c = ns.command(program);
             c.arg("-f");
             c
         }
@@ -69,14 +105,14 @@ fn start(kind: Impl, ns: &TestNs, name: &str) -> Tunnel {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {kind:?}: {e}"));
+        .unwrap_or_else(|e| panic!("starting {}: {e}", kind.name()));
     let t = Tunnel {
         child,
         name: name.to_string(),
         client: UapiClient::new(name),
     };
     wait_for(
-        &format!("{kind:?} to answer on {}", t.client.path().display()),
+        &format!("{} to answer on {}", kind.name(), t.client.path().display()),
         Duration::from_secs(20),
         || t.client.is_alive(),
     );
@@ -184,93 +220,109 @@ fn ping(from: &Node, to: &str) -> bool {
         .success()
 }
 
+/// Ours on one node, `other` on the other, over an IPv6 underlay or not; the first ping goes
+/// from ours or from the other (the side that starts the handshake). Pings of both pod
+/// families both ways, 8 MB of TCP each way compared at the far end, and both ends' view of
+/// the peer as `wg show` gives it.
+fn pods_talk(other: &Impl, v6: bool, ours_first: bool) {
+    let case = format!(
+        "ours <-> {} over IPv{}, {} starting",
+        other.name(),
+        if v6 { 6 } else { 4 },
+        if ours_first { "ours" } else { "the other" }
+    );
+    let (a, b) = two_nodes(v6);
+    let ta = start(&Impl::Ours, &a.ns, &unique_name("wgt"));
+    let tb = start(other, &b.ns, &unique_name("wgt"));
+    configure(&ta, &a, &b, 1, 2);
+    configure(&tb, &b, &a, 2, 1);
+    let mut pings = vec![
+        (&a, &b, &b.pod_v4),
+        (&a, &b, &b.pod_v6),
+        (&b, &a, &a.pod_v4),
+        (&b, &a, &a.pod_v6),
+    ];
+    if !ours_first {
+        pings.rotate_left(2);
+    }
+    for (from, to, dest) in pings {
+        wait_for(
+            &format!(
+                "{case}: ping from {} to {dest} ({})",
+                from.underlay, to.underlay
+            ),
+            Duration::from_secs(20),
+            || ping(from, dest),
+        );
+    }
+    testkit::bulk::tcp_transfer(&a.ns, &b.ns, &b.pod_v4, 8 << 20);
+    testkit::bulk::tcp_transfer(&b.ns, &a.ns, &a.pod_v6, 8 << 20);
+    for (t, other) in [(&ta, &b), (&tb, &a)] {
+        let state = t.client.get().unwrap();
+        assert_eq!(state.listen_port, 51820, "{case}");
+        let peer = &state.peers[0];
+        assert_eq!(peer.public_key, other.key.public(), "{case}");
+        assert!(peer.last_handshake.is_some(), "{case}: {peer:?}");
+        assert!(
+            peer.rx_bytes > 8_000_000 && peer.tx_bytes > 8_000_000,
+            "{case}: {peer:?}"
+        );
+        let dump = Command::new("wg")
+            .args(["show", &t.name, "dump"])
+            .output()
+            .unwrap();
+        let dump = String::from_utf8_lossy(&dump.stdout);
+        assert!(
+            dump.contains(&other.key.public().to_base64()),
+            "{case}: {dump}"
+        );
+    }
+}
+
+fn interop(other: &Impl) {
+    for v6 in [false, true] {
+        for ours_first in [true, false] {
+            pods_talk(other, v6, ours_first);
+        }
+    }
+}
+
 #[test]
-fn pods_talk_across_our_tunnel_and_across_ours_to_wireguard_go() {
-    if !runs_here(have("wireguard-go") && have("wg"), WG_TOOLS) {
+fn pods_talk_across_our_tunnel_over_both_underlays() {
+    if !runs_here(have("wg") && have("socat"), WG_TOOLS) {
         return;
     }
-    // (left, right, underlay over IPv6)
-    for (left, right, v6) in [
-        (Impl::Ours, Impl::Ours, true),
-        (Impl::Ours, Impl::WireguardGo, false),
-    ] {
-        let case = format!("{left:?} <-> {right:?} over IPv{}", if v6 { 6 } else { 4 });
-        let (a, b) = two_nodes(v6);
-        let ta = start(left, &a.ns, &unique_name("wgt"));
-        let tb = start(right, &b.ns, &unique_name("wgt"));
-        configure(&ta, &a, &b, 1, 2);
-        configure(&tb, &b, &a, 2, 1);
-        for (from, to, dest) in [
-            (&a, &b, &b.pod_v4),
-            (&a, &b, &b.pod_v6),
-            (&b, &a, &a.pod_v4),
-            (&b, &a, &a.pod_v6),
-        ] {
-            wait_for(
-                &format!(
-                    "{case}: ping from {} to {dest} ({})",
-                    from.underlay, to.underlay
-                ),
-                Duration::from_secs(20),
-                || ping(from, dest),
-            );
-        }
-        // TCP both ways, a megabyte each: socat serves, the other side sends and reads back.
-        for (server, client, dest) in [(&b, &a, &b.pod_v4), (&a, &b, &a.pod_v6)] {
-            let listen = if dest.contains(':') {
-                "TCP6-LISTEN:7777,reuseaddr"
-            } else {
-                "TCP4-LISTEN:7777,reuseaddr"
-            };
-            let mut srv = server
-                .ns
-                .command("socat")
-                .args(["-u", listen, "OPEN:/dev/null"])
-                .spawn()
-                .unwrap();
-            let target = if dest.contains(':') {
-                format!("TCP:[{dest}]:7777,retry=50,interval=0.1")
-            } else {
-                format!("TCP:{dest}:7777,retry=50,interval=0.1")
-            };
-            let out = client
-                .ns
-                .command("sh")
-                .args([
-                    "-c",
-                    &format!("head -c 1000000 /dev/zero | socat -u - {target}"),
-                ])
-                .output()
-                .unwrap();
-            let _ = srv.wait();
-            assert!(
-                out.status.success(),
-                "{case}: TCP to {dest}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        // Both ends report the handshake and the traffic, as `wg show` gives them.
-        for (t, other) in [(&ta, &b), (&tb, &a)] {
-            let state = t.client.get().unwrap();
-            assert_eq!(state.listen_port, 51820, "{case}");
-            let peer = &state.peers[0];
-            assert_eq!(peer.public_key, other.key.public(), "{case}");
-            assert!(peer.last_handshake.is_some(), "{case}: {peer:?}");
-            assert!(
-                peer.rx_bytes > 1_000_000 || peer.tx_bytes > 1_000_000,
-                "{case}: {peer:?}"
-            );
-            let dump = Command::new("wg")
-                .args(["show", &t.name, "dump"])
-                .output()
-                .unwrap();
-            let dump = String::from_utf8_lossy(&dump.stdout);
-            assert!(
-                dump.contains(&other.key.public().to_base64()),
-                "{case}: {dump}"
-            );
-        }
+    pods_talk(&Impl::Ours, false, true);
+    pods_talk(&Impl::Ours, true, true);
+}
+
+#[test]
+fn ours_and_debian_s_wireguard_go_talk_both_ways_over_both_underlays() {
+    if !runs_here(
+        have("wireguard-go") && have("wg") && have("socat"),
+        WG_TOOLS,
+    ) {
+        return;
     }
+    interop(&Impl::debian_go());
+}
+
+#[test]
+fn ours_and_wireguard_go_f67c862_talk_both_ways_over_both_underlays() {
+    let reference = Impl::reference_go();
+    let Impl::Go { program, .. } = &reference else {
+        unreachable!()
+    };
+    let there = program.is_file();
+    let need = format!(
+        "wireguard-go f67c862 at {} (WIREGUARD_GO_F67C862 names another place)",
+        program.display()
+    );
+    if !runs_here(have("wg") && have("socat"), WG_TOOLS) || !runs_here(there, Need::Outside(&need))
+    {
+        return;
+    }
+    interop(&reference);
 }
 
 #[test]
@@ -279,7 +331,7 @@ fn wg_sets_and_shows_our_device_and_bad_requests_are_refused() {
         return;
     }
     let ns = TestNs::new("wgs");
-    let t = start(Impl::Ours, &ns, &unique_name("wgt"));
+    let t = start(&Impl::Ours, &ns, &unique_name("wgt"));
     let private = Key::generate().unwrap();
     let peer = Key::generate().unwrap().public();
     let psk = Key::generate().unwrap();
@@ -372,7 +424,7 @@ fn wg_sets_and_shows_our_device_and_bad_requests_are_refused() {
 #[test]
 fn the_tunnel_ends_and_removes_its_socket_when_its_interface_is_deleted() {
     let ns = TestNs::new("wgd");
-    let mut t = start(Impl::Ours, &ns, &unique_name("wgt"));
+    let mut t = start(&Impl::Ours, &ns, &unique_name("wgt"));
     // A second process for the same device is refused while the first serves it.
     let second = ns
         .command(env!("CARGO_BIN_EXE_flannel-wireguard"))
