@@ -127,7 +127,7 @@ fn init_logs(flags: &Flags) {
     // less than the daemon's line about the same failure: they show only from -v=1 on.
     let libraries = flags.klog.verbosity > 0;
     let filter = filter_fn(move |m| {
-        let ours = ["flanneld", "kube_lite"]
+        let ours = ["flanneld", "kube_lite", "wireguard", "tunio"]
             .iter()
             .any(|c| m.target().starts_with(c));
         (libraries || ours) && plan.enabled(m.target(), m.level())

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use crate::Device;
-use wireguard::uapi::{parse_set, socket_path, UapiError};
+use wireguard::uapi::{parse_set, socket_path, Server, UapiClient, UapiError};
 
 /// Binds `<dir>/<name>.sock`, refusing when a live device already answers there.
 pub fn listen(dir: &Path, name: &str) -> io::Result<(UnixListener, PathBuf)> {
@@ -19,11 +19,23 @@ pub fn listen(dir: &Path, name: &str) -> io::Result<(UnixListener, PathBuf)> {
         .mode(0o755)
         .create(dir)?;
     let path = socket_path(dir, name);
-    if UnixStream::connect(&path).is_ok() {
-        return Err(io::Error::new(
-            io::ErrorKind::AddrInUse,
-            format!("{}: another process serves device {name}", path.display()),
-        ));
+    match UapiClient::in_dir(dir, name).server() {
+        Server::None => {}
+        Server::Here(pid) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "{}: another process (pid {pid}) serves device {name}",
+                    path.display()
+                ),
+            ))
+        }
+        // The directory is every namespace's: this namespace's device gets the socket.
+        Server::Elsewhere(pid) => eprintln!(
+            "{name}: {} was served from another network namespace ({}); taking it over",
+            path.display(),
+            pid.map_or("a pid not shown here".to_string(), |p| format!("pid {p}"))
+        ),
     }
     match fs::remove_file(&path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),

@@ -432,7 +432,7 @@ fn the_tunnel_ends_and_removes_its_socket_when_its_interface_is_deleted() {
         .output()
         .unwrap();
     assert!(!second.status.success());
-    assert!(String::from_utf8_lossy(&second.stderr).contains("another process serves"));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("serves device"));
     ns.ip(&["link", "del", &t.name]);
     let start = Instant::now();
     let status = loop {
@@ -508,4 +508,53 @@ fn a_tunnel_is_started_once_and_again_after_it_ended() {
     assert!(std::fs::read_to_string(log.path())
         .unwrap()
         .contains("stopped: signal 15"));
+}
+
+/// The socket directory is shared by every network namespace: a tunnel of the same name left
+/// in another one (a deleted node, a container not cleaned up) is not taken for this
+/// namespace's. Ours is started, takes the socket over, and the other runs on.
+#[test]
+fn a_tunnel_of_another_namespace_is_not_taken_for_this_one_s() {
+    let (there, here) = (TestNs::new("wgo"), TestNs::new("wgh"));
+    let name = unique_name("wgt");
+    let foreign = start(&Impl::Ours, &there, &name);
+    let dir = std::path::PathBuf::from(wireguard::uapi::SOCKET_DIR);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let launcher = wireguard::supervise::Launcher {
+        program: Path::new(env!("CARGO_BIN_EXE_flannel-wireguard")),
+        args: &[],
+        log: Some(log.path()),
+    };
+    let seen = here.run_inside(|| foreign.client.server());
+    assert!(
+        matches!(seen, wireguard::uapi::Server::Elsewhere(Some(_))),
+        "{seen:?}"
+    );
+    let (client, started) = here.run_inside(|| {
+        wireguard::supervise::ensure_running(&name, &dir, &launcher, Duration::from_secs(20))
+            .unwrap()
+    });
+    let ours = match here.run_inside(|| client.server()) {
+        wireguard::uapi::Server::Here(pid) => pid,
+        other => panic!("the socket is not served from this namespace: {other:?}"),
+    };
+    let stop = || {
+        let _ = Command::new("kill").arg(ours.to_string()).status();
+    };
+    if !started || here.link(&name).is_none() {
+        stop();
+        panic!("no tunnel of its own was started here");
+    }
+    assert!(
+        there.link(&name).is_some(),
+        "the other namespace's tunnel runs on"
+    );
+    let said = std::fs::read_to_string(log.path()).unwrap();
+    stop();
+    assert!(said.contains("taking it over"), "{said}");
+    wait_for(
+        "this namespace's tunnel to end",
+        Duration::from_secs(20),
+        || here.link(&name).is_none(),
+    );
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::uapi::UapiClient;
+use crate::uapi::{Server, UapiClient};
 
 /// How a tunnel process is started: the program and the arguments before the device's name.
 #[derive(Debug, Clone)]
@@ -30,8 +30,18 @@ pub fn ensure_running(
     ceiling: Duration,
 ) -> io::Result<(UapiClient, bool)> {
     let client = UapiClient::in_dir(dir, name);
-    if client.is_alive() {
-        return Ok((client, false));
+    match client.server() {
+        Server::Here(_) if client.is_alive() => return Ok((client, false)),
+        Server::Elsewhere(pid) => tracing::warn!(
+            "the tunnel serving {} ({}) runs in another network namespace, not this one's \
+             device {name}: starting this namespace's own",
+            client.path().display(),
+            pid.map_or(
+                "a process this PID namespace does not show".to_string(),
+                |p| { format!("pid {p}") }
+            )
+        ),
+        _ => {}
     }
     let stderr = match launcher.log {
         Some(path) => Stdio::from(OpenOptions::new().create(true).append(true).open(path)?),
@@ -55,7 +65,7 @@ pub fn ensure_running(
     })?;
     let start = Instant::now();
     loop {
-        if client.is_alive() {
+        if matches!(client.server(), Server::Here(_)) && client.is_alive() {
             std::thread::spawn(move || child.wait());
             return Ok((client, true));
         }

@@ -326,6 +326,43 @@ pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.sock"))
 }
 
+/// Who serves a device's UAPI socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// Nobody: no socket, or nothing listening on it.
+    None,
+    /// A process in the caller's network namespace (its pid).
+    Here(u32),
+    /// A process in another network namespace, or one this PID namespace does not show.
+    Elsewhere(Option<u32>),
+}
+
+/// The pid of the process that listens on the other end of `stream`.
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    // SAFETY: ucred is plain data; all-zero is valid.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a ucred of the length given.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(stream),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+}
+
+/// Whether process `pid` runs in the calling thread's network namespace.
+fn in_this_netns(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |path: &str| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    let theirs = ns(&format!("/proc/{pid}/ns/net"));
+    theirs.is_some() && theirs == ns("/proc/thread-self/ns/net")
+}
+
 /// A client of one userspace device's UAPI socket.
 #[derive(Debug, Clone)]
 pub struct UapiClient {
@@ -369,6 +406,19 @@ impl UapiClient {
     /// Whether a device answers on the socket.
     pub fn is_alive(&self) -> bool {
         self.get().is_ok()
+    }
+
+    /// Who serves the socket, seen from the calling thread's network namespace. The socket
+    /// directory is one for every namespace: a device of the same name in another namespace
+    /// (a test node deleted, a container not cleaned up) answers here too.
+    pub fn server(&self) -> Server {
+        let Ok(stream) = UnixStream::connect(&self.path) else {
+            return Server::None;
+        };
+        match peer_pid(&stream) {
+            Some(pid) if in_this_netns(pid) => Server::Here(pid),
+            pid => Server::Elsewhere(pid),
+        }
     }
 
     fn exchange(&self, request: &str) -> Result<Vec<String>, ClientError> {
