@@ -2,11 +2,13 @@
 //! mount namespace of its own whose /run/wireguard holds its devices' sockets, as on separate
 //! machines. This kernel has no WireGuard, so the tunnel is the userspace one
 //! (flannel-wireguard, beside flanneld). One cluster per underlay family, and one dual-stack with
-//! `Mode` auto (one device for both families): pods reach each
-//! other by ping and TCP; the devices, routes, peers and leases are flanneld's; on the underlay
-//! only UDP to the listen ports passes; peers and devices changed by hand are repaired; a lease
-//! removed takes its peer along; a restart keeps the tunnel. Then a node whose tunnel is
-//! wireguard-go, configured with `wg` as Go's flanneld configures one, joins ours.
+//! `Mode` auto (one device for both families) and `MTU` set: pods reach each other by ping and
+//! TCP; the devices (their MTU), routes, peers and leases (key and port) are flanneld's; on the
+//! underlay of either family only UDP to the listen ports passes; peers and devices changed by
+//! hand are repaired; a lease removed takes its peer along; a restart keeps the tunnel and every
+//! echo across it; a tunnel of another namespace behind node 1's socket is not taken for its
+//! own. Then a node whose tunnel is wireguard-go, configured with `wg` as Go's flanneld v0.26+
+//! configures one on another port, joins ours and is reached on that port.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -141,7 +143,7 @@ impl Stack {
         match self {
             Stack::V4 => format!(r#"{{"Network":"{NETWORK}",{backend}}}"#),
             Stack::DualAuto => format!(
-                r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{NETWORK6}","Backend":{{"Type":"wireguard","Mode":"auto"}}}}"#
+                r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{NETWORK6}","Backend":{{"Type":"wireguard","Mode":"auto","MTU":1400}}}}"#
             ),
             Stack::Dual => format!(
                 r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{NETWORK6}",{backend}}}"#
@@ -175,6 +177,23 @@ impl Stack {
         match (self, f) {
             (Stack::DualAuto, _) | (_, Family::V4) => "flannel-wg",
             (_, Family::V6) => "flannel-wg-v6",
+        }
+    }
+
+    /// The port the family's device listens on, which its lease announces.
+    fn port(self, f: Family) -> u16 {
+        if self.device(f) == "flannel-wg" {
+            51820
+        } else {
+            51821
+        }
+    }
+
+    /// The devices' MTU and FLANNEL_MTU: the underlay's (1500, or `MTU`) less 80.
+    fn mtu(self) -> u32 {
+        match self {
+            Stack::DualAuto => 1320,
+            _ => 1420,
         }
     }
 }
@@ -233,13 +252,12 @@ fn every_pod_reads_every_other_node_s(c: &Cluster, f: Family) {
     }
 }
 
-/// The lease's value as the registry holds it.
+/// The lease's value as the registry holds it, byte for byte (the embedded registry's file
+/// holds it within its record).
 fn lease_value(c: &Cluster, key: &str) -> String {
     match c.registry() {
         Registry::Embedded => {
-            let file = std::fs::read_to_string(c.registry_dir().join("subnets").join(key)).unwrap();
-            let v: serde_json::Value = serde_json::from_str(&file).unwrap();
-            v["Lease"].to_string()
+            std::fs::read_to_string(c.registry_dir().join("subnets").join(key)).unwrap()
         }
         Registry::Etcd => c.etcdctl(&[
             "get",
@@ -250,18 +268,20 @@ fn lease_value(c: &Cluster, key: &str) -> String {
     }
 }
 
-/// Each node's BackendData (and BackendV6Data) in the registry: its public key, as flanneld
-/// writes it, byte for byte.
-fn assert_leases_announce_keys(m: &Machines, c: &Cluster, families: &[Family], case: &str) {
+/// Each node's BackendData (and BackendV6Data) in the registry: its public key and the port
+/// of the family's device, as Go's flanneld writes them since v0.26, byte for byte.
+fn assert_leases_announce_keys(m: &Machines, c: &Cluster, stack: Stack, case: &str) {
+    let families = stack.families();
     for n in c.nodes() {
-        let dev = "flannel-wg";
-        let dev = if families.contains(&Family::V4) {
-            dev
-        } else {
-            "flannel-wg-v6"
-        };
+        let dev = stack.device(families[0]);
         let public = m.on(c, n.index, &["wg", "show", dev, "public-key"]);
-        let data = format!(r#"{{"PublicKey":"{}"}}"#, public.trim());
+        let data = |f: Family| {
+            format!(
+                r#"{{"PublicKey":"{}","Port":{}}}"#,
+                public.trim(),
+                stack.port(f)
+            )
+        };
         match c.registry() {
             Registry::Kube => {
                 let node = c
@@ -280,7 +300,7 @@ fn assert_leases_announce_keys(m: &Machines, c: &Cluster, families: &[Family], c
                     if families.contains(&f) {
                         assert_eq!(
                             ann[format!("flannel.alpha.coreos.com/{name}")],
-                            data.as_str(),
+                            data(f).as_str(),
                             "{case}: {ann}"
                         );
                     }
@@ -295,7 +315,7 @@ fn assert_leases_announce_keys(m: &Machines, c: &Cluster, families: &[Family], c
                 for (f, name) in [(Family::V4, "BackendData"), (Family::V6, "BackendV6Data")] {
                     if families.contains(&f) {
                         assert!(
-                            value.contains(&format!(r#""{name}":{data}"#)),
+                            value.contains(&format!(r#""{name}":{}"#, data(f))),
                             "{case}: {value}"
                         );
                     }
@@ -373,7 +393,7 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
         for n in c.nodes() {
             assert_eq!(
                 n.subnet_env("FLANNEL_MTU", T),
-                "1420",
+                stack.mtu().to_string(),
                 "{case}: node {}",
                 n.index
             );
@@ -383,7 +403,7 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
                 let link =
                     n.ns.link(dev)
                         .unwrap_or_else(|| panic!("{case}: node {} has no {dev}", n.index));
-                assert_eq!(link["mtu"], 1420, "{case}: {link}");
+                assert_eq!(link["mtu"], stack.mtu(), "{case}: {link}");
                 let subnet = n.subnet(f, T).unwrap();
                 let want = format!(
                     "{}/{}",
@@ -416,31 +436,42 @@ fn three_nodes_over_each_family_reach_each_other_encrypted_and_are_repaired() {
                 );
             }
         }
-        assert_leases_announce_keys(&m, &c, &families, &case);
+        assert_leases_announce_keys(&m, &c, stack, &case);
         for i in 0..c.pods().len() {
             c.pod_mut(i).serve_tcp(PORT, &format!("pod{i}"));
         }
-        // Between nodes only WireGuard's UDP between the listen ports: no pod address in
-        // clear, no ICMP or TCP.
-        let filter = if families.contains(&Family::V4) {
-            "ip"
-        } else {
-            "ip6 and not icmp6"
-        };
-        let seen = captured(&c, filter, || {
+        // Between nodes, over either underlay family, only WireGuard's UDP between the listen
+        // ports (and IPv6's own neighbour and router traffic): no pod address in clear, no
+        // ICMP or TCP.
+        let seen = captured(&c, "ip or ip6", || {
             for &f in &families {
                 every_pod_reads_every_other_node_s(&c, f);
             }
         });
         let lines: Vec<&str> = seen.lines().collect();
-        assert!(
-            lines.len() > 20,
-            "{case}: too little seen on the underlay:\n{seen}"
-        );
+        for (family, port) in [(" IP ", ".51820 > "), (" IP6 ", "")] {
+            let over = |f: Family| stack.underlay() == Underlay::Dual || families == [f];
+            let expected = if family == " IP " {
+                over(Family::V4)
+            } else {
+                over(Family::V6) && stack.device(Family::V6) == "flannel-wg-v6"
+            };
+            let tunnelled = lines
+                .iter()
+                .filter(|l| l.contains(family) && l.contains(": UDP") && l.contains(port))
+                .count();
+            assert!(
+                !expected || tunnelled > 10,
+                "{case}: too little WireGuard over{family}on the underlay:\n{seen}"
+            );
+        }
         for l in &lines {
+            let link_local = l.contains("ICMP6, neighbor")
+                || l.contains("ICMP6, router solicitation")
+                || l.contains("multicast listener report");
             let udp = l.contains(": UDP") && (l.contains(".51820 > ") || l.contains(".51821 > "));
             assert!(
-                udp && !l.contains("10.31.") && !l.contains("fd31:"),
+                link_local || (udp && !l.contains("10.31.") && !l.contains("fd31:")),
                 "{case}: in clear on the underlay: {l}"
             );
         }
@@ -521,30 +552,61 @@ fn repairs_and_restart(c: &mut Cluster, m: &Machines) {
     );
     c.wait_every_pod_reaches_every_other(&[Family::V4], T);
 
-    // A restart keeps the tunnel process and the pods' traffic: pings at 100/s from node 2
-    // to node 1 lose none.
+    // A restart keeps the tunnel process and the pods' traffic: pings every 20 ms from node 2
+    // to node 1, answered before flanneld stops and after it is back, miss no echo between.
     let before = tunnel_pid(c, 1);
     assert!(!before.is_empty());
     let to = c.pods().iter().find(|p| p.node == 1).unwrap().ip.clone();
     let from = c.pods().iter().find(|p| p.node == 2).unwrap();
-    let ping = from
-        .ns
-        .command("ping")
-        .args(["-q", "-c", "400", "-i", "0.01", "-W", "1", &to])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    c.terminate_flanneld(1, T);
-    c.start_flanneld(1, Path::new(FLANNELD), &[]);
-    c.node(1).wait_log("wireguard: public key", T);
-    let out = ping.wait_with_output().unwrap();
-    let summary = String::from_utf8_lossy(&out.stdout);
+    let mut cmd = from.ns.command("ping");
+    cmd.args(["-i", "0.02", "-W", "1", &to]);
+    let pinger = testkit::pings::Pinger::start(&format!("node 2's pod to {to}"), cmd);
+    let failed = testkit::pings::across(vec![pinger], T, || {
+        c.terminate_flanneld(1, T);
+        c.start_flanneld(1, Path::new(FLANNELD), &[]);
+        c.node(1).wait_log("wireguard: device flannel-wg", T);
+    });
     assert!(
-        summary.contains(" 400 received") || summary.contains(" 0% packet loss"),
-        "pings across flanneld's restart: {summary}"
+        failed.is_empty(),
+        "pods' traffic across flanneld's restart:\n{}",
+        failed.join("\n")
     );
     assert_eq!(tunnel_pid(c, 1), before, "the tunnel process was replaced");
+
+    // A tunnel of the same name in another network namespace, serving node 1's socket
+    // directory, after node 1's own ended: flanneld says so and starts its own.
+    let elsewhere = testkit::TestNs::new("wgx");
+    c.stop_flanneld(1);
+    let _ = Command::new("kill").arg(&before).status();
+    wait_for("node 1's tunnel to end", T, || {
+        tunnel_pid(c, 1).is_empty().then_some(())
+    });
+    let holder = m.holders.iter().find(|(i, _)| *i == 1).unwrap().1.id();
+    let mut foreign = Command::new("nsenter")
+        .arg(format!("--mount=/proc/{holder}/ns/mnt"))
+        .arg(format!("--net={}", elsewhere.path().display()))
+        .arg(tunnel_program())
+        .arg("flannel-wg")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the foreign tunnel to serve node 1's socket", T, || {
+        elsewhere.link("flannel-wg").map(|_| ())
+    });
+    c.start_flanneld(1, Path::new(FLANNELD), &[]);
+    c.node(1).wait_log("runs in another network namespace", T);
+    c.wait_every_pod_reaches_every_other(&[Family::V4], T);
+    assert!(
+        !tunnel_pid(c, 1).is_empty(),
+        "node 1 runs a tunnel of its own"
+    );
+    assert!(
+        elsewhere.link("flannel-wg").is_some(),
+        "the other namespace's tunnel was left alone"
+    );
+    let _ = foreign.kill();
+    let _ = foreign.wait();
 
     // Node 3's lease gone: its peer leaves nodes 1 and 2.
     let key3 = m
@@ -615,9 +677,11 @@ fn bad_input(c: &mut Cluster) {
 }
 
 /// Node 3 runs no flanneld of ours: its tunnel is Debian's wireguard-go, and it is set up as Go's
-/// flanneld v0.20 sets up a node (with `wg` where Go uses wgctrl): its lease in etcd in Go's
-/// format, the device with its key and port, the subnet's address, a scope-link route for the
-/// network, a peer per other node's lease. Pods on all three reach each other both ways.
+/// flanneld (v0.26 on) sets up a node (with `wg` where Go uses wgctrl), listening on another
+/// port than ours: its lease in etcd in Go's format with that `Port`, the device with its key
+/// and port, the subnet's address, a scope-link route for the network, a peer per other node's
+/// lease at the port that lease announces. Pods on all three reach each other both ways, and
+/// ours reach node 3 on its port.
 #[test]
 fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours() {
     if !runs_here(have("wg") && have("wireguard-go"), WG_TOOLS) {
@@ -655,8 +719,9 @@ fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours()
     let private = wg(&["genkey"], "");
     let public = wg(&["pubkey"], &private);
     let (ip3, key3) = (c.node(3).ip.clone(), "10.31.200.0-24");
+    let port3 = "51999";
     let value = format!(
-        r#"{{"PublicIP":"{ip3}","BackendType":"wireguard","BackendData":{{"PublicKey":"{public}"}}}}"#
+        r#"{{"PublicIP":"{ip3}","BackendType":"wireguard","BackendData":{{"PublicKey":"{public}","Port":{port3}}}}}"#
     );
     let grant = c.etcdctl(&["lease", "grant", "3600"]);
     let lease_id = grant.split_whitespace().nth(1).unwrap().to_string();
@@ -698,7 +763,7 @@ fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours()
             "private-key",
             &keyfile,
             "listen-port",
-            "51820",
+            port3,
         ],
     );
     let ns3 = &c.node(3).ns;
@@ -720,7 +785,11 @@ fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours()
             .as_str()
             .unwrap()
             .to_string();
-        let endpoint = format!("{}:51820", value["PublicIP"].as_str().unwrap());
+        let endpoint = format!(
+            "{}:{}",
+            value["PublicIP"].as_str().unwrap(),
+            value["BackendData"]["Port"]
+        );
         m.on(
             &c,
             3,
@@ -755,8 +824,9 @@ fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours()
     for n in [1, 2] {
         let held = peers(&m, &c, n, "flannel-wg");
         assert!(
-            held.iter()
-                .any(|p| p.0 == public && p.1 == format!("{ip3}:51820") && p.2 == "10.31.200.0/24"),
+            held.iter().any(|p| p.0 == public
+                && p.1 == format!("{ip3}:{port3}")
+                && p.2 == "10.31.200.0/24"),
             "node {n}: {held:?}"
         );
     }

@@ -7,10 +7,14 @@ use serde_json::Value;
 
 use crate::key::Key;
 
-/// The lease's BackendData / BackendV6Data, byte for byte as flanneld v0.20 writes it.
-pub fn backend_data(public: &Key) -> String {
+/// The lease's BackendData / BackendV6Data, byte for byte as flanneld writes it since v0.26:
+/// the public key and the port the family's device listens on.
+pub fn backend_data(public: &Key, port: u16) -> String {
     // Keys are base64: nothing in them needs escaping in JSON.
-    format!("{{\"PublicKey\":\"{}\"}}", public.to_base64())
+    format!(
+        "{{\"PublicKey\":\"{}\",\"Port\":{port}}}",
+        public.to_base64()
+    )
 }
 
 /// A remote node's announcement: its public key and, from flanneld versions that add it, the
@@ -106,20 +110,21 @@ mod tests {
     #[test]
     fn backend_data_is_flanneld_s_byte_for_byte_and_reads_back() {
         let key = Key::from_base64("HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=").unwrap();
-        let raw = backend_data(&key);
+        let raw = backend_data(&key, 51830);
         assert_eq!(
             raw,
-            r#"{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="}"#
+            r#"{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=","Port":51830}"#
         );
         assert_eq!(
             parse_backend_data(&raw).unwrap(),
             Announced {
                 public_key: key,
-                port: None
+                port: Some(51830)
             }
         );
-        let newer = r#"{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=","Port":51830}"#;
-        assert_eq!(parse_backend_data(newer).unwrap().port, Some(51830));
+        // flanneld before v0.26 wrote no port.
+        let older = r#"{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="}"#;
+        assert_eq!(parse_backend_data(older).unwrap().port, None);
         let lower = r#"{"publickey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="}"#;
         assert_eq!(parse_backend_data(lower).unwrap().public_key, key);
     }

@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::{info, warn};
 use wireguard::control::{choose_mode, Control, TunnelMode};
-use wireguard::lease::{auto_endpoint, backend_data, device_mtu, parse_backend_data};
+use wireguard::lease::{auto_endpoint, backend_data, device_mtu, parse_backend_data, MTU_OVERHEAD};
 use wireguard::supervise::{ensure_running, Launcher};
 use wireguard::uapi::{DeviceConfig, DeviceState, PeerConfig, PeerState, SOCKET_DIR};
 use wireguard::{key, Key};
@@ -48,6 +48,9 @@ const TUNNEL_PROGRAM: &str = "flannel-wireguard";
 pub struct WireGuard {
     pub listen_port: u16,
     pub listen_port_v6: u16,
+    /// `MTU`: the underlay MTU the device's is derived from (80 less); None: the external
+    /// interface's.
+    pub mtu: Option<u32>,
     pub psk: Option<Key>,
     /// Seconds; 0: off.
     pub keepalive: u16,
@@ -116,9 +119,24 @@ impl WireGuard {
             let port = b.number(key, 1..=65535, "must be a UDP port, 1 to 65535")?;
             Ok::<u16, ConfigError>(port.map_or(default, |p| p as u16))
         };
+        // The device's MTU is 80 less; IPv6 refuses a link under 1280.
+        let least = if cfg.network(IpFamily::V6).is_some() {
+            1280 + MTU_OVERHEAD
+        } else {
+            576 + MTU_OVERHEAD
+        };
+        let mtu = b.number(
+            "MTU",
+            u64::from(least)..=65535,
+            &format!(
+                "must be a whole number from {least} to 65535: the device's MTU is \
+                 {MTU_OVERHEAD} less"
+            ),
+        )?;
         Ok(WireGuard {
             listen_port: port("ListenPort", 51820)?,
             listen_port_v6: port("ListenPortV6", 51821)?,
+            mtu: mtu.map(|m| m as u32),
             psk,
             keepalive,
             mode,
@@ -136,8 +154,8 @@ impl WireGuard {
         }
     }
 
-    /// The port a family's device listens on, and the one other nodes' are reached at (all
-    /// nodes share them: flanneld v0.20's leases carry no port).
+    /// The port a family's device listens on (announced in the lease's `Port`), and the one
+    /// other nodes are reached at when their lease has none (flanneld before v0.26).
     fn port_of(&self, family: IpFamily) -> u16 {
         match (self.mode, family) {
             (Mode::Separate, IpFamily::V6) => self.listen_port_v6,
@@ -174,7 +192,7 @@ impl Backend for WireGuard {
             || ext.public(IpFamily::V4).is_none();
         Some(Arc::new(WgDevice {
             name: self.device_name(family).to_string(),
-            mtu: device_mtu(ext.mtu),
+            mtu: device_mtu(self.mtu.unwrap_or(ext.mtu)),
             port: self.port_of(family),
             primary,
             forced: self.forced,
@@ -638,7 +656,7 @@ impl Device for WgDevice {
             } else {
                 self.make(conn).await?;
             }
-            Ok(RawValue::from_string(backend_data(&key.public())).ok())
+            Ok(RawValue::from_string(backend_data(&key.public(), self.port)).ok())
         })
     }
 
@@ -816,6 +834,8 @@ mod tests {
             ),
             (r#","Mode":"both""#, "Backend.Mode"),
             (r#","Tunnel":"boringtun""#, "Backend.Tunnel"),
+            (r#","MTU":1300"#, "Backend.MTU"),
+            (r#","MTU":"1500""#, "Backend.MTU"),
         ] {
             let text = format!(r#"{{{NET},"Backend":{{"Type":"wireguard"{backend}}}}}"#);
             let e = wg(&text).unwrap_err();
@@ -835,6 +855,10 @@ mod tests {
             ("flannel-wg", 1420, "wireguard")
         );
         assert_eq!((v6.name(), v6.mtu()), ("flannel-wg-v6", 1420));
+        // MTU names the underlay's, as Go's flanneld reads it: the device's is 80 less.
+        let set = with(r#","MTU":1400"#);
+        assert_eq!(set.device(IpFamily::V4, &ext, None).unwrap().mtu(), 1320);
+        assert_eq!(set.device(IpFamily::V6, &ext, None).unwrap().mtu(), 1320);
         let auto = with(r#","Mode":"auto""#);
         assert_eq!(
             auto.device(IpFamily::V6, &ext, None).unwrap().name(),
