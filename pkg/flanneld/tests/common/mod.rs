@@ -537,8 +537,8 @@ pub fn make_certs(dir: &Path) -> Tls {
 
 /// What the kernel of the node's namespace holds that flanneld could touch: links, addresses,
 /// routes and rules of both families, permanent neighbours, FDB entries, nexthops, and the
-/// firewall as nft and iptables list it (counters and timestamps left out: traffic moves
-/// them).
+/// firewall as nft and iptables (both modes) list it (counters and timestamps left out:
+/// traffic moves them).
 pub fn kernel_state(node: &Node) -> String {
     let listings: &[&[&str]] = &[
         &["ip", "-d", "link", "show"],
@@ -555,6 +555,9 @@ pub fn kernel_state(node: &Node) -> String {
         &["iptables-save", "-t", "filter"],
         &["ip6tables-save", "-t", "nat"],
         &["ip6tables-save", "-t", "filter"],
+        // The iptables mode the host's rules are not in, where installed.
+        &["iptables-legacy-save"],
+        &["ip6tables-legacy-save"],
     ];
     let mut out = String::new();
     for args in listings {
