@@ -13,18 +13,24 @@ set -euo pipefail
 
 usage() {
     cat <<USAGE
-usage: $0 [--no-build] [--rebuild-base]
+usage: $0 [--no-build] [--rebuild-base] | --systemd-node
   --no-build      take the release binaries target/ already holds (CARGO_TARGET_DIR if set)
   --rebuild-base  make the base again even if podman already has it
+  --systemd-node  make only the image of a node that systemd boots, for the test of the units
+                  under a real service manager (pkg/e2e/tests/systemd.rs): mmdebstrap of the
+                  same release with systemd and the tools flanneld and flannel-netpol run
+                  (iproute2, iptables, nftables), tagged flannel-cni-rs-systemd-node:<release>
 USAGE
 }
 
 build=1
 rebuild_base=0
+systemd_node=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-build) build=0; shift ;;
         --rebuild-base) rebuild_base=1; shift ;;
+        --systemd-node) systemd_node=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -60,6 +66,40 @@ release_sources() {
         sed -n -E "s#^([^ ]+) [a-z]+(-updates|-security)?\$#deb \\1 $release\\2 main#p" | sort -u
 }
 
+# An image of ours that a new build took the tags from is removed, not left dangling.
+image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+drop_if_untagged() {
+    [ -n "$1" ] && [ "$(podman image inspect --format '{{len .RepoTags}}' "$1" 2>/dev/null)" = 0 ] &&
+        podman rmi "$1" >/dev/null 2>&1 || true
+}
+
+# mmdebstrap of $release: variant $1 with the packages $2 (comma-separated) into the tarball $3,
+# the rest of the arguments given to mmdebstrap; its log is shown only when it fails. /usr is
+# merged as on an installed system, without the usrmerge package (and the perl it brings).
+make_rootfs() {
+    local variant=$1 include=$2 tarball=$3
+    shift 3
+    local sources=() hooks=()
+    while read -r line; do sources+=("$line"); done < <(release_sources)
+    [ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+    mmdebstrap --variant="$variant" --include="$include" --quiet "${hooks[@]}" "$@" \
+        "$release" "$tarball" "${sources[@]}" >"$work/mmdebstrap.log" 2>&1 ||
+        { cat "$work/mmdebstrap.log" >&2; echo "mmdebstrap failed" >&2; exit 1; }
+}
+
+if [ "$systemd_node" = 1 ]; then
+    node=localhost/flannel-cni-rs-systemd-node:$release
+    old_node=$(image_id "$node")
+    echo "$node: mmdebstrap $release with systemd, iproute2, iptables and nftables"
+    make_rootfs minbase systemd,systemd-sysv,iproute2,iptables,nftables "$work/node.tar"
+    podman import --quiet --change 'CMD ["/sbin/init"]' \
+        --message "Debian $release (mmdebstrap minbase) booted by systemd" \
+        "$work/node.tar" "$node" >/dev/null
+    drop_if_untagged "$old_node"
+    echo "$node"
+    exit 0
+fi
+
 # The binaries as scripts/install.sh builds them (static, in the host triple's directory), so
 # that the demo's build and this one share their work.
 host_triple=$(rustc -vV 2>/dev/null | sed -n 's/^host: //p' || true)
@@ -83,33 +123,22 @@ for d in flanneld flannel-wireguard flannel-netpol; do
 done
 cp deploy/cni-install.sh "$work/context/"
 
-# An image of ours that a new build took the tags from is removed, not left dangling.
-image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
-drop_if_untagged() {
-    [ -n "$1" ] && [ "$(podman image inspect --format '{{len .RepoTags}}' "$1" 2>/dev/null)" = 0 ] &&
-        podman rmi "$1" >/dev/null 2>&1 || true
-}
 old_base=$(image_id "$base")
 old_image=$(image_id "$name:$version")
 
 if [ "$rebuild_base" = 1 ] || [ -z "$old_base" ]; then
     echo "base $base: mmdebstrap $release with iptables and nftables"
-    sources=()
-    while read -r line; do sources+=("$line"); done < <(release_sources)
-    # As Debian's slim images: /usr merged without the usrmerge package (and the perl it
-    # brings); no documentation, manuals or translations, copyrights kept.
-    hooks=()
-    [ -d /usr/share/mmdebstrap/hooks/merged-usr ] && hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
-    mmdebstrap --variant=minbase --include=iptables,nftables --quiet "${hooks[@]}" \
+    # As Debian's slim images: no documentation, manuals or translations, copyrights kept.
+    make_rootfs minbase iptables,nftables "$work/base.tar" \
         --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-        "$release" "$work/base.tar" "${sources[@]}" >"$work/mmdebstrap.log" 2>&1 ||
-        { cat "$work/mmdebstrap.log" >&2; echo "mmdebstrap failed" >&2; exit 1; }
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright'
     # flanneld writes its rules through whichever iptables holds the host's (--iptables-mode):
     # the base carries both, legacy and nft, as Debian's iptables package does.
+    # Listed once, whole: grep -q ending a pipe from tar early would fail it (pipefail).
+    listing=$(tar -tf "$work/base.tar")
     for tool in iptables-legacy-restore ip6tables-legacy-restore iptables-nft-restore ip6tables-nft-restore; do
-        tar -tf "$work/base.tar" | grep -qE "^(\./)?usr/sbin/$tool\$" ||
+        grep -qE "^(\./)?usr/sbin/$tool\$" <<<"$listing" ||
             { echo "the base lacks /usr/sbin/$tool: flanneld needs iptables-legacy and iptables-nft" >&2; exit 1; }
     done
     podman import --quiet \
