@@ -81,14 +81,17 @@ fn said(pass: &Pass, e: &Enforcer, repair: bool) {
         METRICS.repairs.fetch_add(1, Relaxed);
     }
     info!(
-        "{} table inet {TABLE}: {} lines; {} policies, {} pods here, isolated {} for ingress and {} for egress, {} set elements",
+        "{} table inet {TABLE}: {} lines; {} policies, {} pods here, isolated {} for ingress and {} for egress, {} set elements; compiled in {:.1?}, {}written in {:.1?}",
         if repair { "repaired" } else { "wrote" },
         pass.wrote,
         s.policies,
         s.local_pods,
         s.isolated_ingress,
         s.isolated_egress,
-        s.elements
+        s.elements,
+        pass.compiled_in,
+        if pass.read { format!("read back in {:.1?}, ", pass.read_in) } else { String::new() },
+        pass.written_in
     );
 }
 
@@ -129,7 +132,7 @@ pub async fn run(flags: &Flags, node: String, client: kube_lite::KubeClient) -> 
                         }
                     }
                     Heard::Commit(pid) => {
-                        if e.committed(pid) {
+                        if e.committed(pid, std::time::Instant::now()) {
                             match pid {
                                 Some(p) => info!("table inet {TABLE} changed by process {p}: reading it back"),
                                 None => info!("announcements of changes to table inet {TABLE} were lost: reading it back"),

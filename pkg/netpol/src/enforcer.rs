@@ -13,7 +13,7 @@ use crate::model::{Namespace, NetworkPolicy, Pod};
 use crate::nft::{desired, transaction, Table};
 use crate::objects::{Change, Objects};
 use std::collections::{BTreeSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One kind's change, as a watch delivers it.
 #[derive(Debug, Clone)]
@@ -40,10 +40,18 @@ pub struct Pass {
     pub read: bool,
     /// Problems first seen in this pass.
     pub new_problems: Vec<Problem>,
+    /// How long the compilation, the reading and the writing took.
+    pub compiled_in: Duration,
+    pub read_in: Duration,
+    pub written_in: Duration,
 }
 
 /// Commits of its own, remembered to tell them from others'.
 const OWN_COMMITS: usize = 32;
+/// Announcements lost this soon after a write of its own were its own: a transaction of many
+/// elements announces each, more than a socket's buffer holds. A change by someone else in that
+/// moment is found at the next resync.
+const LOST_GRACE: Duration = Duration::from_secs(2);
 
 pub struct Enforcer {
     node: String,
@@ -53,12 +61,16 @@ pub struct Enforcer {
     /// What the table holds, as last read or written; None: read it at the next pass.
     held: Option<Option<Table>>,
     own_commits: VecDeque<u32>,
+    /// When its last write ended.
+    last_write: Option<Instant>,
     problems: BTreeSet<Problem>,
     /// The first change not yet in the kernel.
     pending_since: Option<Instant>,
     /// The highest resourceVersion of the objects heard of (0 while none was a number).
     seen_version: u64,
     compiled: Compiled,
+    /// Elements in the allow sets the last pass wanted.
+    set_elements: usize,
 }
 
 impl Enforcer {
@@ -69,10 +81,12 @@ impl Enforcer {
             listed: [false; 3],
             held: None,
             own_commits: VecDeque::new(),
+            last_write: None,
             problems: BTreeSet::new(),
             pending_since: None,
             seen_version: 0,
             compiled: Compiled::default(),
+            set_elements: 0,
         }
     }
 
@@ -105,8 +119,13 @@ impl Enforcer {
 
     /// Someone committed a change to the table (`pid`; None: changes may have been missed).
     /// Whether it was someone else, so that the table must be read again.
-    pub fn committed(&mut self, pid: Option<u32>) -> bool {
-        let foreign = pid.is_none_or(|p| !self.own_commits.contains(&p));
+    pub fn committed(&mut self, pid: Option<u32>, at: Instant) -> bool {
+        let foreign = match pid {
+            Some(p) => !self.own_commits.contains(&p),
+            None => self
+                .last_write
+                .is_none_or(|w| at.saturating_duration_since(w) > LOST_GRACE),
+        };
         if foreign {
             self.held = None;
         }
@@ -144,11 +163,15 @@ impl Enforcer {
     /// table to be read again at the next pass.
     pub fn pass(&mut self, kernel: &mut impl Kernel) -> Result<Pass, String> {
         let mut out = Pass::default();
+        let start = Instant::now();
         self.compiled = compile(&self.objects, &self.node);
         let seen: BTreeSet<Problem> = self.compiled.problems.iter().cloned().collect();
         out.new_problems = seen.difference(&self.problems).cloned().collect();
         self.problems = seen;
         let want = desired(&self.compiled);
+        self.set_elements = want.sets.values().map(|s| s.elems.len()).sum();
+        out.compiled_in = start.elapsed();
+        let start = Instant::now();
         let held = match self.held.take() {
             Some(h) => h,
             None => {
@@ -156,9 +179,14 @@ impl Enforcer {
                 kernel.read()?
             }
         };
+        out.read_in = start.elapsed();
         if let Some(tx) = transaction(&want, held.as_ref()) {
             out.wrote = tx.lines().count();
-            match kernel.write(&tx) {
+            let start = Instant::now();
+            let written = kernel.write(&tx);
+            out.written_in = start.elapsed();
+            self.last_write = Some(Instant::now());
+            match written {
                 Ok(pid) => {
                     if let Some(p) = pid {
                         self.own_commits.push_back(p);
@@ -180,16 +208,16 @@ impl Enforcer {
             local_pods: self.compiled.pods.len(),
             policies: self.compiled.policies,
             problems: self.problems.len(),
+            elements: self.set_elements,
             ..Sizes::default()
         };
         for p in &self.compiled.pods {
             for d in Direction::BOTH {
-                if let Some(iso) = p.isolation(d) {
+                if p.isolation(d).is_some() {
                     match d {
                         Direction::Ingress => s.isolated_ingress += 1,
                         Direction::Egress => s.isolated_egress += 1,
                     }
-                    s.elements += iso.allowed.values().map(Vec::len).sum::<usize>();
                 }
             }
         }
@@ -317,8 +345,16 @@ mod tests {
         // Nothing changed: no read, no write.
         let p = e.pass(&mut k).unwrap();
         assert_eq!((p.read, p.wrote), (false, 0));
-        assert!(!e.committed(Some(4242)), "its own commit");
-        assert!(e.committed(Some(7)), "another's");
+        assert!(!e.committed(Some(4242), Instant::now()), "its own commit");
+        assert!(
+            !e.committed(None, Instant::now()),
+            "lost just after a write of its own"
+        );
+        assert!(
+            e.committed(None, Instant::now() + LOST_GRACE * 2),
+            "lost later"
+        );
+        assert!(e.committed(Some(7), Instant::now()), "another's");
         let p = e.pass(&mut k).unwrap();
         assert_eq!((p.read, p.wrote), (true, 0));
         // A policy: the transaction of the difference, and x/a isolated.

@@ -3,7 +3,7 @@
 //! protocols x ports) cut into the disjoint elements an nftables interval set holds, one way
 //! only, so that what is wanted and what the kernel holds compare element by element.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -327,6 +327,27 @@ pub fn disjoint(boxes: &[AllowBox]) -> Vec<Elem> {
     out
 }
 
+/// Disjoint elements grouped by what they allow: each set of services (as `normalise` makes
+/// it) with the addresses allowed exactly it. Two lookups answer what one element lookup did:
+/// the address in the group's addresses, and the protocol and port in its services.
+pub fn by_services(elems: &[Elem]) -> Vec<(Vec<Service>, Ranges)> {
+    let mut pieces: BTreeMap<(u128, u128), Vec<Service>> = BTreeMap::new();
+    for e in elems {
+        pieces.entry(e.addr).or_default().push(Service {
+            proto: e.proto,
+            port: e.port,
+        });
+    }
+    let mut groups: BTreeMap<Vec<Service>, Ranges> = BTreeMap::new();
+    for (addr, services) in pieces {
+        groups
+            .entry(normalise(&services))
+            .or_default()
+            .insert(addr.0, addr.1);
+    }
+    groups.into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,6 +520,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn elements_group_by_their_services() {
+        let e = |lo: &str, hi: &str, s: Service| Elem {
+            addr: (v4(lo), v4(hi)),
+            proto: s.proto,
+            port: s.port,
+        };
+        let elems = [
+            e("10.0.0.1", "10.0.0.1", Service::ports(6, 80, 80)),
+            e("10.0.0.1", "10.0.0.1", Service::ports(17, 53, 53)),
+            e("10.0.0.5", "10.0.0.9", Service::ANY),
+            e("10.0.0.3", "10.0.0.3", Service::ports(6, 80, 80)),
+            e("10.0.0.3", "10.0.0.3", Service::ports(17, 53, 53)),
+        ];
+        let groups = by_services(&elems);
+        assert_eq!(
+            groups,
+            [
+                (vec![Service::ANY], ranges(&[("10.0.0.5", "10.0.0.9")])),
+                (
+                    vec![Service::ports(6, 80, 80), Service::ports(17, 53, 53)],
+                    ranges(&[("10.0.0.1", "10.0.0.1"), ("10.0.0.3", "10.0.0.3")])
+                ),
+            ]
+        );
     }
 
     #[test]

@@ -37,6 +37,15 @@ fn probe(w: &World, from: &str, to: &str) -> Probe {
     }
 }
 
+/// The name of the (one) IPv4 ingress allow set of the pod with `uid`.
+fn allow_set(node: &testkit::TestNs, uid: &str) -> String {
+    node.run("nft", &["list", "sets", "inet"])
+        .split_whitespace()
+        .find(|w| w.starts_with(&format!("ingress4-{uid}-")))
+        .unwrap_or_else(|| panic!("no ingress4-{uid}-* set"))
+        .to_string()
+}
+
 fn wrote(w: &World, node: u8) -> usize {
     w.log(node).matches("wrote table").count()
 }
@@ -146,7 +155,7 @@ fn hand_edits_come_back_doctor_says_so_and_bad_policies_are_told() {
     let table = "inet flannel-netpol";
     let edits = [
         format!("delete table {table}"),
-        format!("flush set {table} ingress4-{uid}"),
+        format!("flush set {table} {}", allow_set(node1, &uid)),
         format!("flush chain {table} postrouting"),
         format!("delete element {table} ingress4 {{ {ip} }}"),
         format!("add rule {table} ingress-{uid} accept"),
