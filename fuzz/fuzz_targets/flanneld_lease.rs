@@ -113,5 +113,7 @@ fuzz_target!(|data: &[u8]| {
         public_ip: Some("192.168.64.1".parse().expect("an address")),
         public_ipv6: None,
     };
-    let _ = alloc::choose(&cfg, &leases, &node, Some(own), &mut |n| n / 2);
+    // The first lease stands for an operator's reservation, so the reserved paths run too.
+    let reserved: Vec<_> = leases.iter().take(1).map(|l| l.key).collect();
+    let _ = alloc::choose(&cfg, &leases, &reserved, &node, Some(own), &mut |n| n / 2);
 });
