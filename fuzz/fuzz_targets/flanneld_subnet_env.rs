@@ -4,8 +4,8 @@
 //! room for a first address, comes back unchanged from the subnet.env the daemon writes for it.
 #![no_main]
 
-use flanneld::config;
 use flanneld::bringup::previous_key_in;
+use flanneld::config;
 use flanneld::masq;
 use flanneld::spec::subnet_env;
 use libfuzzer_sys::fuzz_target;

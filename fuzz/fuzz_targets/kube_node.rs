@@ -5,12 +5,11 @@
 //! leaves the watch's state empty.
 #![no_main]
 
-use flanneld::lease::{LeaseAttrs, SubnetKey};
+use flanneld::lease::{Annotated, Ipv6Annotated, LeaseAttrs, SubnetKey};
 use flanneld::registry::kube::{
     annotation_patch, node_lease, own_attrs, own_subnet, pod_cidrs, Annotations, Families,
     NodeObject, NodeWatch,
 };
-use kube::core::WatchEvent;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -51,24 +50,38 @@ fuzz_target!(|data: &[u8]| {
         let key = lease.key.to_string();
         assert_eq!(SubnetKey::parse(&key).ok(), Some(lease.key), "{key}");
 
-        // Written as flanneld writes them, the annotations need no second write.
-        if let Some(patch) = annotation_patch(&node, &lease.attrs, &names) {
-            let mut written = node.clone();
-            for (k, v) in patch["metadata"]["annotations"]
-                .as_object()
-                .into_iter()
-                .flatten()
-            {
-                written
-                    .metadata
-                    .annotations
-                    .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+        // Written as flanneld writes them, whichever families the backend annotates, the
+        // annotations need no second write.
+        for ipv4_needs_data in [false, true] {
+            for ipv6 in [
+                Ipv6Annotated::Never,
+                Ipv6Annotated::WithAddress,
+                Ipv6Annotated::WithData,
+            ] {
+                let annotated = Annotated {
+                    ipv4_needs_data,
+                    ipv6,
+                };
+                let Some(patch) = annotation_patch(&node, &lease.attrs, annotated, &names) else {
+                    continue;
+                };
+                let mut written = node.clone();
+                for (k, v) in patch["metadata"]["annotations"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                {
+                    written
+                        .metadata
+                        .annotations
+                        .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                }
+                assert_eq!(
+                    annotation_patch(&written, &lease.attrs, annotated, &names),
+                    None,
+                    "a second write after {patch}"
+                );
             }
-            assert_eq!(
-                annotation_patch(&written, &lease.attrs, &names),
-                None,
-                "a second write after {patch}"
-            );
         }
     }
     let mut w = NodeWatch::new(
@@ -78,7 +91,7 @@ fuzz_target!(|data: &[u8]| {
             ipv6: false,
         },
     );
-    let _ = w.event(WatchEvent::Added(node.clone()));
-    let _ = w.event(WatchEvent::Deleted(node));
+    let _ = w.applied(&node);
+    let _ = w.deleted(&node);
     assert!(w.is_empty(), "a deleted node left a lease");
 });
