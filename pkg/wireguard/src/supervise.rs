@@ -30,9 +30,8 @@ pub fn ensure_running(
     ceiling: Duration,
 ) -> io::Result<(UapiClient, bool)> {
     let client = UapiClient::in_dir(dir, name);
-    match client.server() {
-        Server::Here(_) if client.is_alive() => return Ok((client, false)),
-        Server::Elsewhere(pid) => tracing::warn!(
+    if let Server::Elsewhere(pid) = client.server() {
+        tracing::warn!(
             "the tunnel serving {} ({}) runs in another network namespace, not this one's \
              device {name}: starting this namespace's own",
             client.path().display(),
@@ -40,8 +39,25 @@ pub fn ensure_running(
                 "a process this PID namespace does not show".to_string(),
                 |p| { format!("pid {p}") }
             )
-        ),
-        _ => {}
+        );
+    }
+    let here = || matches!(client.server(), Server::Here(_)) && client.is_alive();
+    let started = ensure_process(name, client.path(), &here, launcher, ceiling)?;
+    Ok((client, started))
+}
+
+/// Whether device `name`'s tunnel process had to be started now: one is started, as
+/// [`ensure_running`] starts it, unless `alive` says one answers on its socket `socket`; it
+/// must answer within `ceiling`. For any tunnel with a socket of its own (the udp backend's).
+pub fn ensure_process(
+    name: &str,
+    socket: &Path,
+    alive: &dyn Fn() -> bool,
+    launcher: &Launcher,
+    ceiling: Duration,
+) -> io::Result<bool> {
+    if alive() {
+        return Ok(false);
     }
     let stderr = match launcher.log {
         Some(path) => Stdio::from(OpenOptions::new().create(true).append(true).open(path)?),
@@ -65,9 +81,9 @@ pub fn ensure_running(
     })?;
     let start = Instant::now();
     loop {
-        if matches!(client.server(), Server::Here(_)) && client.is_alive() {
+        if alive() {
             std::thread::spawn(move || child.wait());
-            return Ok((client, true));
+            return Ok(true);
         }
         if let Some(status) = child.try_wait()? {
             let log = launcher
@@ -85,7 +101,7 @@ pub fn ensure_running(
                 io::ErrorKind::TimedOut,
                 format!(
                     "the tunnel process for {name} did not answer on {} within {ceiling:?}",
-                    client.path().display()
+                    socket.display()
                 ),
             ));
         }
