@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use std::fs;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The underlay's own address on the bridge: the nodes' default gateway and etcd's address.
@@ -1664,6 +1664,8 @@ impl Drop for Cluster {
             if let Some(mut d) = n.daemon.take() {
                 d.kill();
             }
+            // What flanneld started to outlive it (a userspace tunnel), in its node.
+            kill_all_in(&n.ns);
         }
         if let Some(e) = &mut self.etcd {
             for m in &mut e.members {
@@ -1673,6 +1675,34 @@ impl Drop for Cluster {
         if let Some(k) = &mut self.kube {
             k.stop();
         }
+    }
+}
+
+/// Ends every process left in `ns` (`ip netns pids`), and waits for each to be gone.
+fn kill_all_in(ns: &TestNs) {
+    let Ok(out) = Command::new("ip")
+        .args(["netns", "pids", ns.name()])
+        .output()
+    else {
+        return;
+    };
+    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    for &pid in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let start = Instant::now();
+    while pids
+        .iter()
+        .any(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        && start.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -479,6 +479,35 @@ impl Invocation {
     }
 }
 
+/// Go's flanneld v0.20.2, the reference daemon: `FLANNELD_GO`, else
+/// `../shared/reference/flanneld-v0.20.2` beside the checkout (or beside the checkout a
+/// worktree of /work/wt/<name> belongs to).
+pub fn go_flanneld() -> PathBuf {
+    if let Some(p) = std::env::var_os("FLANNELD_GO") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    [
+        root.join("../shared/reference/flanneld-v0.20.2"),
+        root.join("../../shared/reference/flanneld-v0.20.2"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| root.join("../shared/reference/flanneld-v0.20.2"))
+}
+
+/// Whether the calling test can run Go's flanneld ([`go_flanneld`]); a skip otherwise.
+pub fn go_flanneld_here() -> bool {
+    let go = go_flanneld();
+    runs_here(
+        go.is_file(),
+        Need::Outside(&format!(
+            "Go's flanneld v0.20.2 at {} (FLANNELD_GO names another place)",
+            go.display()
+        )),
+    )
+}
+
 /// True when the Go reference plugins are installed.
 pub fn go_plugins_available() -> bool {
     ["bridge", "host-local", "portmap", "loopback"]
