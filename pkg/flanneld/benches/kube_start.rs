@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use testkit::kube_api::{KubeApi, FLANNEL_RULES};
 
 const N: usize = 5000;
-const NETWORK: &str =
-    r#"{"Network":"10.0.0.0/8","SubnetMin":"10.1.0.0","SubnetMax":"10.99.255.0"}"#;
+const NETWORK: &str = r#"{"Network":"10.0.0.0/8","SubnetMin":"10.1.0.0","SubnetMax":"10.99.255.0","Backend":{"Type":"vxlan"}}"#;
 
 fn mac(i: usize) -> String {
     format!(

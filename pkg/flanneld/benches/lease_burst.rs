@@ -73,7 +73,7 @@ fn main() {
     etcd.put(
         &node,
         &format!("{PREFIX}/config"),
-        r#"{"Network":"10.0.0.0/8"}"#,
+        r#"{"Network":"10.0.0.0/8","Backend":{"Type":"vxlan"}}"#,
     );
     let d = Daemon::start(
         &node,

@@ -346,7 +346,7 @@ async fn take_lease(
     let mut attrs = LeaseAttrs {
         public_ip: node.public_ip,
         public_ipv6: node.public_ipv6,
-        backend_type: ground.cfg.backend_type.clone(),
+        backend_type: ground.backend.lease_type().to_string(),
         backend_data: None,
         backend_v6_data: None,
     };

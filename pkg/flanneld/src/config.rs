@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// The backend every node uses when the config names none.
-pub const DEFAULT_BACKEND: &str = "vxlan";
+/// The backend every node uses when the config names none: udp, as in Go's flanneld.
+pub const DEFAULT_BACKEND: &str = "udp";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NetConfig {
@@ -678,13 +678,15 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_backend_means_vxlan() {
+    fn a_missing_backend_means_udp_as_in_go() {
         let c = parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
-        assert_eq!(c.backend_type, "vxlan");
+        assert_eq!(c.backend_type, "udp");
         assert!(!c.enable_nftables);
-        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":2},"EnableNFTables":true}"#)
+        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Port":9000},"EnableNFTables":true}"#)
             .unwrap();
-        assert_eq!(c.backend_type, "vxlan");
+        assert_eq!(c.backend_type, "udp");
         assert!(c.enable_nftables);
+        let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":""}}"#).unwrap();
+        assert_eq!(c.backend_type, "udp");
     }
 }

@@ -19,6 +19,9 @@ pub struct Metrics {
     pub wireguard_tunnel: AtomicU64,
     /// What writes the firewall rules: 0 nothing, 1 iptables-legacy, 2 iptables-nft, 3 nft.
     pub firewall_mode: AtomicU64,
+    /// Other nodes held in the backend's own state: the udp tunnel's routes, WireGuard's
+    /// peers, the leases the extension's add command ran for.
+    pub backend_peers: AtomicU64,
     pub reconcile_runs: AtomicU64,
     pub reconcile_micros: AtomicU64,
     pub repaired_routes: AtomicU64,
@@ -40,6 +43,7 @@ pub static METRICS: Metrics = Metrics {
     route_style: AtomicU64::new(0),
     wireguard_tunnel: AtomicU64::new(0),
     firewall_mode: AtomicU64::new(0),
+    backend_peers: AtomicU64::new(0),
     reconcile_runs: AtomicU64::new(0),
     reconcile_micros: AtomicU64::new(0),
     repaired_routes: AtomicU64::new(0),
@@ -110,6 +114,13 @@ impl Metrics {
                 ("{tunnel=\"kernel\"}", u64::from(tunnel == 1)),
                 ("{tunnel=\"userspace\"}", u64::from(tunnel == 2)),
             ],
+        );
+        family(
+            &mut out,
+            "flanneld_backend_peers",
+            "gauge",
+            "Other nodes held in the backend's own state: the udp tunnel's routes, WireGuard's peers, the leases the extension's SubnetAddCommand ran for.",
+            &[("", g(&self.backend_peers))],
         );
         let fw = g(&self.firewall_mode);
         family(

@@ -282,7 +282,7 @@ impl DatapathSpec {
             return d;
         }
         for lease in others.filter(|l| l.key != self.own) {
-            if lease.attrs.backend_type != self.backend.name() {
+            if lease.attrs.backend_type != self.backend.lease_type() {
                 d.skipped.push((
                     lease.key,
                     Skip::OtherBackend {
@@ -377,7 +377,8 @@ mod tests {
     #[test]
     fn the_firewall_is_nftables_when_asked_or_when_iptables_is_missing() {
         let have = |iptables, nft| Installed { iptables, nft };
-        let plain = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let plain =
+            config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
         let nft = config::parse(r#"{"Network":"10.5.0.0/16","EnableNFTables":true}"#).unwrap();
         let masq = settings(&["--ip-masq"]);
         let choose = |s: &MasqOptions, cfg: &NetConfig, h| Firewall::choose(*s, cfg, h);
@@ -444,7 +445,7 @@ mod tests {
     }
 
     fn dual() -> NetConfig {
-        config::parse(r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#)
+        config::parse(r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#)
             .unwrap()
     }
 
@@ -495,7 +496,7 @@ mod tests {
             "--iptables-forward-rules=false",
         ]);
         let cfg = config::parse(
-            r#"{"Network":"10.5.0.0/16","IPv6Network":"fd00:5::/56","EnableIPv6":true,"EnableNFTables":true}"#,
+            r#"{"Network":"10.5.0.0/16","IPv6Network":"fd00:5::/56","EnableIPv6":true,"EnableNFTables":true,"Backend":{"Type":"vxlan"}}"#,
         )
         .unwrap();
         let mut own = lease(
@@ -546,7 +547,7 @@ mod tests {
 
     #[test]
     fn subnet_env_is_flannels_byte_for_byte() {
-        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
         let key = SubnetKey::parse("10.5.52.0-24").unwrap();
         assert_eq!(
             subnet_env(&cfg, &key, 1450, true).render(),
@@ -554,7 +555,7 @@ mod tests {
         );
         let key = SubnetKey::parse("10.5.52.0-24&fc00:0:0:1::-64").unwrap();
         let cfg = config::parse(
-            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48"}"#,
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fc00::/48","Backend":{"Type":"vxlan"}}"#,
         )
         .unwrap();
         assert_eq!(
@@ -572,7 +573,7 @@ mod tests {
         // The node's own derivation writes the same.
         let (s, cfg) = (
             settings(&["--ip-masq"]),
-            config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap(),
+            config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap(),
         );
         let node = node(
             s,
@@ -622,7 +623,7 @@ mod tests {
 
     #[test]
     fn leases_of_another_backend_or_without_an_address_are_skipped_with_why() {
-        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
         let s = spec(&cfg);
         let d = s.desired(
             &devs(),
@@ -790,7 +791,7 @@ mod tests {
 
     #[test]
     fn leases_outside_the_network_are_never_programmed() {
-        let cfg = config::parse(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        let cfg = config::parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap();
         let s = spec(&cfg);
         let mac = Some("c6:d2:32:6f:8f:44");
         let d = s.desired(

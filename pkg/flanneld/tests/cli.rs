@@ -302,7 +302,11 @@ fn healthz_readyz_and_systemd_readiness() {
         (http_get(&node, "/healthz") == "200").then_some(())
     });
     assert_eq!(http_get(&node, "/readyz"), "503");
-    std::fs::write(node.path("registry/config"), r#"{"Network":"10.8.0.0/16"}"#).unwrap();
+    std::fs::write(
+        node.path("registry/config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    )
+    .unwrap();
     let env = a.wait_subnet_env(T);
     assert!(env.ends_with("FLANNEL_IPMASQ=true\n"), "{env}");
     wait_for("/readyz to answer 200", T, || {
@@ -326,7 +330,11 @@ fn no_default_route_and_no_iface_or_a_public_ip_of_no_interface_is_a_bad_start()
     node.ns.ip(&["route", "del", "default"]);
     let reg = node.path("registry").display().to_string();
     std::fs::create_dir_all(node.path("registry")).unwrap();
-    std::fs::write(node.path("registry/config"), r#"{"Network":"10.8.0.0/16"}"#).unwrap();
+    std::fs::write(
+        node.path("registry/config"),
+        r#"{"Network":"10.8.0.0/16","Backend":{"Type":"vxlan"}}"#,
+    )
+    .unwrap();
     let mut a = Daemon::start(&node, "a", &["--registry-dir", &reg], &[]);
     assert_eq!(a.wait_exit(T).code(), Some(2));
     assert!(a.log_text().contains("--iface"), "{}", a.log_text());

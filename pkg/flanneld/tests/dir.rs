@@ -133,7 +133,11 @@ fn a_restart_keeps_the_subnet_and_a_deleted_lease_ends_the_daemon() {
 fn the_net_config_path_is_used_when_the_directory_holds_no_config() {
     let node = Node::new("frc");
     let conf = node.path("net-conf.json");
-    fs::write(&conf, r#"{"Network":"10.7.0.0/16","SubnetLen":26}"#).unwrap();
+    fs::write(
+        &conf,
+        r#"{"Network":"10.7.0.0/16","SubnetLen":26,"Backend":{"Type":"vxlan"}}"#,
+    )
+    .unwrap();
     let reg = node.path("registry").display().to_string();
     let a = Daemon::start(
         &node,

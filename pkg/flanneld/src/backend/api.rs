@@ -83,6 +83,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// `Backend.Type`, as the config names it and leases carry it.
     fn name(&self) -> &'static str;
 
+    /// The `BackendType` its leases carry and the leases it serves carry: its name, but for
+    /// `udp`, whose leases Go's flanneld writes without one.
+    fn lease_type(&self) -> &'static str {
+        self.name()
+    }
+
     /// Whether it programs the kernel at all (`alloc` hands out subnets only).
     fn programs(&self) -> bool {
         true

@@ -5,6 +5,7 @@
 pub mod alloc;
 pub mod api;
 pub mod hostgw;
+pub mod udp;
 pub mod vxlan;
 pub mod wireguard;
 
@@ -22,6 +23,7 @@ const TYPES: &[(&str, Make)] = &[
     ("wireguard", |cfg| {
         Ok(Arc::new(wireguard::WireGuard::from_config(cfg)?))
     }),
+    ("udp", |cfg| Ok(Arc::new(udp::Udp::from_config(cfg)?))),
 ];
 
 /// The backend the network config names, its keys checked; each refusal names the key.
@@ -68,7 +70,11 @@ mod tests {
 
     #[test]
     fn each_type_by_its_name_and_a_refusal_naming_the_others() {
-        assert_eq!(name(r#"{"Network":"10.5.0.0/16"}"#).unwrap(), "vxlan");
+        assert_eq!(name(r#"{"Network":"10.5.0.0/16"}"#).unwrap(), "udp");
+        assert_eq!(
+            name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#).unwrap(),
+            "vxlan"
+        );
         assert_eq!(
             name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#).unwrap(),
             "host-gw"
@@ -77,13 +83,14 @@ mod tests {
             name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"alloc"}}"#).unwrap(),
             "alloc"
         );
-        let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#).unwrap_err();
-        assert_eq!((e.key.as_str(), e.value.as_str()), ("Backend.Type", "udp"));
+        let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"gre"}}"#).unwrap_err();
+        assert_eq!((e.key.as_str(), e.value.as_str()), ("Backend.Type", "gre"));
         assert_eq!(
             e.reason,
-            "is not supported: use vxlan, host-gw, alloc or wireguard"
+            "is not supported: use vxlan, host-gw, alloc, wireguard or udp"
         );
-        let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"VNI":"one"}}"#).unwrap_err();
+        let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":"one"}}"#)
+            .unwrap_err();
         assert_eq!(e.key, "Backend.VNI");
     }
 }

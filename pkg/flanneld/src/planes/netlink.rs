@@ -480,6 +480,7 @@ impl NetlinkPlane {
         metrics::set(&METRICS.neighbours, entries.neighbours.len() as u64);
         metrics::set(&METRICS.fdb, entries.fdb.len() as u64);
         metrics::set(&METRICS.nexthops, entries.nexthops.len() as u64);
+        metrics::set(&METRICS.backend_peers, entries.peers.len() as u64);
         for (key, why) in &look.want.skipped {
             debug!("lease {key} gives no entry: {why}");
         }
