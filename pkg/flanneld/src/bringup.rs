@@ -358,6 +358,12 @@ async fn take_lease(
         for (family, data) in data {
             attrs.set_backend_data(family, data);
         }
+    } else {
+        attrs.backend_data = ground
+            .backend
+            .announce(&ground.ext)
+            .await
+            .map_err(StartError::Backend)?;
     }
     let request = LeaseRequest {
         config: &ground.cfg,
@@ -376,6 +382,11 @@ async fn take_lease(
         key: acquired.key,
         attrs,
     };
+    ground
+        .backend
+        .leased(&own, &ground.ext)
+        .await
+        .map_err(StartError::Backend)?;
     Ok((own, acquired.expiry))
 }
 
@@ -435,6 +446,10 @@ fn planes(
         Purpose::Serve { ready } => Some(ready.clone()),
         Purpose::Examine => None,
     };
+    let backend = &spec.datapath.backend;
+    if let Some(own) = backend.plane(spec.datapath.own, serve.is_some()) {
+        planes.push(own);
+    }
     if let Some(m) = spec.masq.clone() {
         // The old subnet.env says which rules an earlier lease left behind.
         let old = serve.as_ref().map(|_| {

@@ -7,7 +7,8 @@ pub use crate::entries::DevicePeer;
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
-use crate::lease::{Annotated, Lease};
+use crate::lease::{Annotated, Lease, SubnetKey};
+use crate::planes::DynPlane;
 use cni_kernel::netlink::{Conn, Link};
 use futures::future::BoxFuture;
 use ipnetwork::IpNetwork;
@@ -121,6 +122,32 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// interface being `ext`; and why each of its families that gives none gives none.
     fn peer(&self, _ext: &External, _peer: &Peer<'_>, _want: &mut Want) -> Vec<Skip> {
         Vec::new()
+    }
+
+    /// What a backend without devices announces in this node's lease, made before the lease
+    /// is taken (`extension`'s PreStartupCommand's output); a failure ends the start.
+    fn announce<'a>(
+        &'a self,
+        _ext: &'a External,
+    ) -> BoxFuture<'a, Result<Option<Box<RawValue>>, Refusal>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Runs once this node's lease `own` is held (`extension`'s PostStartupCommand); a
+    /// failure ends the start.
+    fn leased<'a>(
+        &'a self,
+        _own: &'a Lease,
+        _ext: &'a External,
+    ) -> BoxFuture<'a, Result<(), Refusal>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// A plane of its own that keeps what the other nodes' leases call for, where that is not
+    /// the kernel's entries (`extension`'s commands), for the node whose lease is `own`;
+    /// `runs` false for `doctor`, which writes nothing.
+    fn plane(&self, _own: SubnetKey, _runs: bool) -> Option<Box<dyn DynPlane>> {
+        None
     }
 }
 

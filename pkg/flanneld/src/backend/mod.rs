@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod api;
+pub mod extension;
 pub mod hostgw;
 pub mod udp;
 pub mod vxlan;
@@ -24,6 +25,9 @@ const TYPES: &[(&str, Make)] = &[
         Ok(Arc::new(wireguard::WireGuard::from_config(cfg)?))
     }),
     ("udp", |cfg| Ok(Arc::new(udp::Udp::from_config(cfg)?))),
+    ("extension", |cfg| {
+        Ok(Arc::new(extension::Extension::from_config(cfg)?))
+    }),
 ];
 
 /// The backend the network config names, its keys checked; each refusal names the key.
@@ -87,7 +91,7 @@ mod tests {
         assert_eq!((e.key.as_str(), e.value.as_str()), ("Backend.Type", "gre"));
         assert_eq!(
             e.reason,
-            "is not supported: use vxlan, host-gw, alloc, wireguard or udp"
+            "is not supported: use vxlan, host-gw, alloc, wireguard, udp or extension"
         );
         let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":"one"}}"#)
             .unwrap_err();
