@@ -6,6 +6,8 @@ pub mod alloc;
 pub mod api;
 pub mod extension;
 pub mod hostgw;
+pub mod ipip;
+pub mod ipsec;
 pub mod udp;
 pub mod vxlan;
 pub mod wireguard;
@@ -28,6 +30,8 @@ const TYPES: &[(&str, Make)] = &[
     ("extension", |cfg| {
         Ok(Arc::new(extension::Extension::from_config(cfg)?))
     }),
+    ("ipip", |_| Ok(Arc::new(ipip::Ipip))),
+    ("ipsec", |_| Ok(Arc::new(ipsec::Ipsec))),
 ];
 
 /// The backend the network config names, its keys checked; each refusal names the key.
@@ -91,7 +95,7 @@ mod tests {
         assert_eq!((e.key.as_str(), e.value.as_str()), ("Backend.Type", "gre"));
         assert_eq!(
             e.reason,
-            "is not supported: use vxlan, host-gw, alloc, wireguard, udp or extension"
+            "is not supported: use vxlan, host-gw, alloc, wireguard, udp, extension, ipip or ipsec"
         );
         let e = name(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":"one"}}"#)
             .unwrap_err();
