@@ -110,14 +110,14 @@ if [ "$build" = 1 ]; then
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
         cargo build --release --locked --quiet --target "$host_triple" \
         --bin flannel --bin bridge --bin host-local --bin portmap --bin loopback --bin flanneld \
-        --bin flannel-wireguard --bin flannel-netpol
+        --bin flannel-wireguard --bin flannel-udp --bin flannel-netpol
 fi
 mkdir -p "$work/context/cni"
 for p in flannel bridge host-local portmap loopback; do
     [ -x "$target/$p" ] || { echo "missing $target/$p: build first or drop --no-build" >&2; exit 1; }
     cp "$target/$p" "$work/context/cni/"
 done
-for d in flanneld flannel-wireguard flannel-netpol; do
+for d in flanneld flannel-wireguard flannel-udp flannel-netpol; do
     [ -x "$target/$d" ] || { echo "missing $target/$d: build first or drop --no-build" >&2; exit 1; }
     cp "$target/$d" "$work/context/"
 done

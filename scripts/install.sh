@@ -15,6 +15,7 @@ usage: $0 [--bin-dir DIR] [--conf-dir DIR] [--with-conf] [--daemon [--daemon-bin
   --daemon              also install the fabric daemon:
                           flanneld            into --daemon-bin-dir (default /usr/local/bin),
                           flannel-wireguard   beside it (the wireguard backend's userspace tunnel)
+                          flannel-udp         beside it (the udp backend's tunnel)
                           flannel-netpol      beside it (NetworkPolicy, a unit of its own)
                           flanneld.service    into --systemd-dir (default /etc/systemd/system),
                                               its ExecStart= and EnvironmentFile= pointing there
@@ -63,8 +64,9 @@ done
 top=$(cd "$(dirname "$0")/.." && pwd)
 plugins=(flannel bridge host-local portmap loopback)
 # flannel-wireguard: the wireguard backend's userspace tunnel, which flanneld runs from beside itself.
+# flannel-udp: the udp backend's tunnel, run the same way.
 # flannel-netpol: NetworkPolicy for the node's pods, a unit of its own.
-daemons=(flanneld flannel-wireguard flannel-netpol)
+daemons=(flanneld flannel-wireguard flannel-udp flannel-netpol)
 target_dir=${CARGO_TARGET_DIR:-$top/target}
 
 # Release binaries are linked statically (crt-static): a plugin is exec'd for every pod, and

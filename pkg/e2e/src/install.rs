@@ -12,6 +12,8 @@ use tempfile::TempDir;
 pub const DAEMON: &str = "flanneld";
 /// The wireguard backend's userspace tunnel, installed beside flanneld, which runs it from there.
 pub const TUNNEL: &str = "flannel-wireguard";
+/// The udp backend's tunnel, installed beside flanneld, which runs it from there.
+pub const UDP_TUNNEL: &str = "flannel-udp";
 /// The NetworkPolicy enforcer, installed beside flanneld with a unit of its own.
 pub const ENFORCER: &str = "flannel-netpol";
 
@@ -45,7 +47,10 @@ pub fn fresh_tree() -> TempDir {
         let rel = Path::new("deploy/systemd").join(file);
         copy(&top.join(&rel), &tree.path().join(rel));
     }
-    for binary in PLUGINS.iter().chain([&DAEMON, &TUNNEL, &ENFORCER]) {
+    for binary in PLUGINS
+        .iter()
+        .chain([&DAEMON, &TUNNEL, &UDP_TUNNEL, &ENFORCER])
+    {
         copy(
             &testkit::bin_dir().join(binary),
             &tree.path().join("target/release").join(binary),

@@ -6,7 +6,7 @@
 //! an operator's existing one keeps its content and is made so too; systemd-analyze accepts the
 //! installed unit.
 
-use e2e::install::{fresh_tree, run_install, succeeded, DAEMON, ENFORCER, TUNNEL};
+use e2e::install::{fresh_tree, run_install, succeeded, DAEMON, ENFORCER, TUNNEL, UDP_TUNNEL};
 use e2e::plugins::{repo_root, PLUGINS};
 use std::fs;
 use std::io::Read;
@@ -113,6 +113,7 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
         .collect();
     expected.push(format!("installed {}/{DAEMON}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}/{TUNNEL}", s(&dirs.daemon_bin)));
+    expected.push(format!("installed {}/{UDP_TUNNEL}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}/{ENFORCER}", s(&dirs.daemon_bin)));
     expected.push(format!("installed {}", s(&dirs.unit())));
     expected.push(format!("installed {}", s(&dirs.env_file)));
@@ -133,8 +134,8 @@ fn daemon_install_puts_binary_unit_and_env_file_in_their_directories() {
     );
     assert_eq!(
         names_in(&dirs.daemon_bin),
-        [ENFORCER, TUNNEL, DAEMON],
-        "flanneld, its tunnel and the enforcer beside it, no temporary file left"
+        [ENFORCER, UDP_TUNNEL, TUNNEL, DAEMON],
+        "flanneld, its tunnels and the enforcer beside it, no temporary file left"
     );
     assert_eq!(
         names_in(&dirs.systemd),
