@@ -4,7 +4,8 @@
 //! arguments, environment and mounts the manifest's, against the Kubernetes API stand-in (its
 //! service account's token mounted as the kubelet mounts it) and against etcd; pods made with
 //! the plugins the image installed reach each other across the nodes; `podman stop` ends
-//! flanneld with SIGTERM and leaves the datapath in place.
+//! flanneld with SIGTERM and leaves the datapath in place. With the wireguard backend, flanneld
+//! starts the image's userspace tunnel through the DaemonSet's /dev/net/tun.
 //!
 //! The image must be the one of this commit (tagged flannel-cni-rs:<version>-<commit>, as
 //! scripts/image.sh tags it): elsewhere the tests are skipped and listed, in CI they fail.
@@ -541,6 +542,109 @@ fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
     }
     assert_programmed(&c, 1, 2);
     assert_programmed(&c, 2, 1);
+    c.add_pod(1);
+    c.add_pod(2);
+    assert_pods_talk(&c, &containers);
+}
+
+/// The process of node `node` whose name is the userspace tunnel's, if one runs there.
+fn tunnel_of(node: &Node) -> Option<u32> {
+    let out = Command::new("ip")
+        .args(["netns", "pids", node.ns.name()])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("flannel-wiregua"))
+        })
+}
+
+fn mount_ns(pid: u32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .map(|l| l.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The wireguard backend from the image, leases in etcd: flanneld starts the userspace tunnel
+/// the image holds (this kernel has no WireGuard) through the DaemonSet's /dev/net/tun, with no
+/// privilege beyond the manifest's; each lease announces the node's key and port; pods talk
+/// across the tunnel.
+#[test]
+fn flanneld_from_the_image_runs_the_wireguard_backend_s_tunnel() {
+    let Some((dir, podman, image)) = setup("e2e-image-wg-") else {
+        return;
+    };
+    let manifest = Manifest::read(ETCD_MODE);
+    assert_manifest_runs(&podman, &manifest, &image);
+    let mut conf: Value =
+        serde_json::from_str(&manifest.config_value("flanneld-cfg", "net-conf.json")).unwrap();
+    conf["Backend"] = serde_json::json!({ "Type": "wireguard" });
+    let net_conf = conf.to_string();
+    let roots = HostRoot::two(dir.path());
+    let mut c = Cluster::new("imw", 63, 2, Registry::Etcd, &net_conf);
+    for (i, root) in (1..=2).zip(&roots) {
+        run_init(
+            &podman,
+            &manifest,
+            &c.node(i).ns,
+            &kube_node_name(i),
+            root,
+            None,
+        );
+    }
+    c = c.plugins_from(&roots[0].bin());
+    let etcd = c.etcd_url().unwrap().to_string();
+    let mut containers = Vec::new();
+    for (i, root) in (1..=2).zip(&roots) {
+        let pod = flanneld_pod(&manifest, &c, i, root)
+            .config_value("flanneld-etcd", "FLANNELD_ETCD_ENDPOINTS", &etcd)
+            .config_value("flanneld-cfg", "net-conf.json", &net_conf);
+        containers.push(start_flanneld(&podman, pod, c.node(i), "wg"));
+    }
+    let network = conf["Network"].as_str().unwrap().to_string();
+    for (i, k) in (1..=2).zip(&containers) {
+        let node = c.node(i);
+        wait_subnet_env(node, k);
+        let key = node.lease_key(T);
+        let value = c.etcdctl(&[
+            "get",
+            "--print-value-only",
+            &format!("{}/subnets/{key}", testkit::cluster::ETCD_PREFIX),
+        ]);
+        let lease: Value = serde_json::from_str(value.trim())
+            .unwrap_or_else(|e| panic!("node {i}'s lease {key} in etcd: {e}: {value:?}"));
+        assert_eq!(lease["BackendType"], "wireguard", "{value}");
+        assert_eq!(lease["BackendData"]["Port"], 51820, "{value}");
+        assert_eq!(
+            lease["BackendData"]["PublicKey"].as_str().map(str::len),
+            Some(44),
+            "{value}"
+        );
+        let link = node
+            .ns
+            .link("flannel-wg")
+            .unwrap_or_else(|| panic!("no flannel-wg on node {i}:\n{}", k.logs()));
+        assert_eq!(link["linkinfo"]["info_kind"], "tun", "{link}");
+        assert_eq!(link["mtu"], 1420, "{link}");
+        let tunnel = tunnel_of(node)
+            .unwrap_or_else(|| panic!("no tunnel process on node {i}:\n{}", k.logs()));
+        assert_eq!(
+            mount_ns(tunnel),
+            mount_ns(k.pid()),
+            "node {i}'s tunnel is not the one in flanneld's container"
+        );
+        wait_for(&format!("node {i}'s route to {network}"), T, || {
+            node.routes_to(Family::V4, &network)
+                .iter()
+                .any(|r| r["dev"] == "flannel-wg")
+                .then_some(())
+        });
+        assert_probes_pass(&manifest, node, k);
+        assert_unprivileged(k);
+    }
     c.add_pod(1);
     c.add_pod(2);
     assert_pods_talk(&c, &containers);
