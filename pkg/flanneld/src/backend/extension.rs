@@ -13,7 +13,7 @@
 //! and runs again what failed at its next pass (Go's runs each once).
 
 use super::api::{Backend, Refusal};
-use crate::config::{field, ConfigError, NetConfig};
+use crate::config::{ConfigError, Fields, NetConfig};
 use crate::family::IpFamily;
 use crate::iface::External;
 use crate::lease::{Lease, SubnetKey};
@@ -40,29 +40,21 @@ pub struct Extension {
     network: String,
 }
 
-fn command(b: &serde_json::Map<String, Value>, key: &str) -> Result<Option<String>, ConfigError> {
-    match field(b, key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => Err(ConfigError {
-            key: format!("Backend.{key}"),
-            value: v.to_string(),
-            reason: "must be a command line (a string)".into(),
-        }),
-    }
+fn command(b: &Fields, key: &str) -> Result<Option<String>, ConfigError> {
+    Ok(b.text(key)?
+        .filter(|s| !s.trim().is_empty())
+        .map(str::to_string))
 }
 
 impl Extension {
     /// The config's `Backend` keys, checked; each refusal names the key.
     pub fn from_config(cfg: &NetConfig) -> Result<Extension, ConfigError> {
-        let empty = serde_json::Map::new();
-        let b = cfg.backend.as_object().unwrap_or(&empty);
+        let b = Fields::backend(cfg);
         Ok(Extension {
-            pre_startup: command(b, "PreStartupCommand")?,
-            post_startup: command(b, "PostStartupCommand")?,
-            subnet_add: command(b, "SubnetAddCommand")?,
-            subnet_remove: command(b, "SubnetRemoveCommand")?,
+            pre_startup: command(&b, "PreStartupCommand")?,
+            post_startup: command(&b, "PostStartupCommand")?,
+            subnet_add: command(&b, "SubnetAddCommand")?,
+            subnet_remove: command(&b, "SubnetRemoveCommand")?,
             network: cfg
                 .network(IpFamily::V4)
                 .map_or_else(|| "0.0.0.0/0".to_string(), |n| n.to_string()),

@@ -12,7 +12,7 @@
 //! writes what differs, as it does WireGuard's.
 
 use super::api::{Backend, Device, DevicePeer, Held, Peer, Refusal, Skip};
-use crate::config::{field, ConfigError, NetConfig};
+use crate::config::{ConfigError, Fields, NetConfig};
 use crate::entries::Want;
 use crate::family::IpFamily;
 use crate::iface::External;
@@ -20,7 +20,6 @@ use cni_kernel::netlink::{Conn, Link, Route};
 use futures::future::BoxFuture;
 use ipnetwork::{IpNetwork, Ipv4Network};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use std::any::Any;
 use std::net::{IpAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -52,21 +51,11 @@ pub struct Udp {
 impl Udp {
     /// The config's `Backend` keys, checked; each refusal names the key.
     pub fn from_config(cfg: &NetConfig) -> Result<Udp, ConfigError> {
-        let empty = serde_json::Map::new();
-        let b = cfg.backend.as_object().unwrap_or(&empty);
-        let port = match field(b, "Port") {
-            None | Some(Value::Null) => DEFAULT_PORT,
-            Some(v) => match v.as_u64() {
-                Some(0) => DEFAULT_PORT,
-                Some(n @ 1..=65535) => n as u16,
-                _ => {
-                    return Err(ConfigError {
-                        key: "Backend.Port".into(),
-                        value: v.to_string(),
-                        reason: "must be a UDP port, 1 to 65535".into(),
-                    })
-                }
-            },
+        let b = Fields::backend(cfg);
+        // 0, as absent, is Go's default port.
+        let port = match b.number("Port", 0..=65535, "must be a UDP port, 1 to 65535")? {
+            None | Some(0) => DEFAULT_PORT,
+            Some(n) => n as u16,
         };
         let network = match cfg.network(IpFamily::V4) {
             Some(IpNetwork::V4(n)) => Some(n),
@@ -419,6 +408,17 @@ mod tests {
         assert_eq!(
             (e.key.as_str(), e.value.as_str()),
             ("Backend.Port", "\"x\"")
+        );
+        assert_eq!(
+            udp(r#"{"Network":"10.5.0.0/16","Backend":{"Port":0}}"#)
+                .unwrap()
+                .port,
+            8285
+        );
+        let e = udp(r#"{"Network":"10.5.0.0/16","Backend":{"Port":65536}}"#).unwrap_err();
+        assert_eq!(
+            (e.key.as_str(), e.reason.as_str()),
+            ("Backend.Port", "must be a UDP port, 1 to 65535")
         );
     }
 
