@@ -43,7 +43,7 @@ fn lease_value(i: usize) -> String {
     let (_, public) = peer(i);
     format!(
         r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"wireguard","BackendData":{}}}"#,
-        wireguard::lease::backend_data(&public_key(i), 51820)
+        flanneld::backend::wireguard::backend_data(&public_key(i), 51820)
     )
 }
 

@@ -5,7 +5,6 @@
 //! - `control`: kernel or userspace, chosen once; one handle to get and set either.
 //! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
 //!   the kernel has WireGuard at all.
-//! - `lease`: the lease's BackendData, the endpoint of a dual-stack node, the device's MTU.
 //! - `supervise`: starts the userspace tunnel (`flannel-wireguard`, its own package) as a
 //!   process of its own that outlives flanneld.
 
@@ -13,7 +12,6 @@ pub mod control;
 pub mod genl;
 pub mod kernel;
 pub mod key;
-pub mod lease;
 pub mod supervise;
 pub mod uapi;
 
