@@ -866,3 +866,24 @@ fn a_node_whose_tunnel_is_wireguard_go_set_up_as_go_s_flanneld_does_joins_ours()
     let _ = go.kill();
     let _ = go.wait();
 }
+
+/// The kernel path's probe: where the kernel has none (this project's machines) it says why;
+/// either way the probe device it made is gone.
+#[test]
+fn the_kernel_path_is_taken_only_where_the_kernel_runs_wireguard() {
+    let ns = testkit::TestNs::new("wgk");
+    let handle = cni_kernel::Netns::open(ns.path()).unwrap();
+    let nl = cni_kernel::Netlink::open_in(&handle).unwrap();
+    let support = nl.block_on(flanneld::backend::wireguard::kernel_support(nl.conn()));
+    if let Err(why) = &support {
+        let has_module = Path::new("/sys/module/wireguard").exists();
+        assert!(!has_module, "the wireguard module is loaded, yet: {why}");
+        assert!(why.contains("no WireGuard"), "{why}");
+    }
+    assert!(
+        ns.ip(&["-o", "link"])
+            .lines()
+            .all(|l| !l.contains("wgprobe")),
+        "the probe left a link behind"
+    );
+}

@@ -3,14 +3,12 @@
 //! - `key`: the private key file, base64/hex keys, PSK parsing.
 //! - `uapi`: the cross-platform text protocol and a client of a device's socket.
 //! - `control`: kernel or userspace, chosen once; one handle to get and set either.
-//! - `genl`, `kernel`: the kernel path: its `wireguard` generic netlink family, and whether
-//!   the kernel has WireGuard at all.
+//! - `genl`: the kernel's `wireguard` generic netlink family.
 //! - `supervise`: starts the userspace tunnel (`flannel-wireguard`, its own package) as a
 //!   process of its own that outlives flanneld.
 
 pub mod control;
 pub mod genl;
-pub mod kernel;
 pub mod key;
 pub mod supervise;
 pub mod uapi;

@@ -446,7 +446,7 @@ impl WgDevice {
         if let Some(m) = self.shared.tunnel.get() {
             return Ok(*m);
         }
-        let support = wireguard::kernel::kernel_support(conn).await;
+        let support = kernel_support(conn).await;
         let (mode, why) = choose_mode(self.forced, &support).map_err(|why| {
             cni_kernel::Error::invalid("choosing the WireGuard tunnel", &self.name, why)
         })?;
@@ -734,6 +734,41 @@ impl Device for WgDevice {
                 Err(e) => vec![e],
             }
         })
+    }
+}
+
+// The kernel path: taken only where the kernel can run WireGuard itself.
+
+/// Ok when the kernel of `conn`'s namespace makes a link of kind `wireguard` (a probe, made
+/// and deleted at once) and its `wireguard` generic netlink family answers; else why not.
+pub async fn kernel_support(conn: &Conn) -> Result<(), String> {
+    let probe = format!("wgprobe{}", std::process::id() % 10_000_000);
+    let spec = LinkSpec {
+        name: probe.clone(),
+        kind: LinkKind::Named("wireguard"),
+        mtu: None,
+        mac: None,
+    };
+    match conn.create_link(&spec).await {
+        Ok(_) => {
+            if let Ok(Some(link)) = conn.link_by_name(&probe).await {
+                let _ = conn.delete_link(link.index).await;
+            }
+        }
+        Err(e) if e.errno().map(|n| n as i32) == Some(libc::EOPNOTSUPP) => {
+            return Err("the kernel has no WireGuard: it knows no link kind \"wireguard\"".into());
+        }
+        Err(e) => return Err(format!("probing for kernel WireGuard: {e}")),
+    }
+    match wireguard::genl::KernelWireguard::open() {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(
+            "the kernel made a wireguard link but has no \"wireguard\" generic netlink family"
+                .into(),
+        ),
+        Err(e) => Err(format!(
+            "opening the \"wireguard\" generic netlink family: {e}"
+        )),
     }
 }
 
