@@ -17,7 +17,9 @@
 
 use crate::model::{NetworkPolicy, Peer, Pod, PolicyPort, PortRef, Rule};
 use crate::objects::Objects;
-use crate::ranges::{addr_value, disjoint, parse_cidr, AllowBox, Elem, Family, Ranges, Service};
+use crate::ranges::{
+    addr_value, disjoint, parse_cidr, AllowBox, Bounds, Elem, Family, Ranges, Service,
+};
 use crate::selector::Selector;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -413,18 +415,28 @@ fn everything() -> BTreeMap<Family, Ranges> {
         .collect()
 }
 
-fn add_ips(addrs: &mut BTreeMap<Family, Ranges>, ips: &[IpAddr]) {
+fn add_ips(addrs: &mut BTreeMap<Family, Bounds>, ips: &[IpAddr]) {
     for ip in ips {
         let v = addr_value(ip);
-        addrs.entry(Family::of(ip)).or_default().insert(v, v);
+        addrs.entry(Family::of(ip)).or_default().push((v, v));
     }
 }
 
+fn to_ranges(raw: BTreeMap<Family, Bounds>) -> BTreeMap<Family, Ranges> {
+    raw.into_iter()
+        .map(|(f, r)| (f, Ranges::from_unsorted(r)))
+        .collect()
+}
+
 fn resolve<'a>(view: &View<'a>, namespace: &str, rule: &RuleSpec, want_pods: bool) -> Resolved<'a> {
-    let mut addrs: BTreeMap<Family, Ranges> = BTreeMap::new();
+    let mut raw: BTreeMap<Family, Bounds> = BTreeMap::new();
     let mut pods: Vec<&Pod> = Vec::new();
     match &rule.peers {
-        None => addrs = everything(),
+        None => {
+            for (f, r) in everything() {
+                raw.insert(f, r.iter().collect());
+            }
+        }
         Some(peers) => {
             for peer in peers {
                 match peer {
@@ -433,7 +445,7 @@ fn resolve<'a>(view: &View<'a>, namespace: &str, rule: &RuleSpec, want_pods: boo
                         pods: sel,
                     } => {
                         for p in view.select(namespace, namespaces, sel) {
-                            add_ips(&mut addrs, &p.ips());
+                            add_ips(&mut raw, &p.ips());
                             if want_pods {
                                 pods.push(p);
                             }
@@ -441,13 +453,14 @@ fn resolve<'a>(view: &View<'a>, namespace: &str, rule: &RuleSpec, want_pods: boo
                     }
                     PeerSpec::Block(b) => {
                         for (f, r) in b {
-                            addrs.entry(*f).or_default().union(r);
+                            raw.entry(*f).or_default().extend(r.iter());
                         }
                     }
                 }
             }
         }
     }
+    let addrs = to_ranges(raw);
     if want_pods {
         // Address peers: the pods inside them too.
         let blocks = |p: &Pod| {
@@ -517,9 +530,9 @@ fn rule_boxes(
                     if s.is_empty() {
                         continue;
                     }
-                    let mut addrs = BTreeMap::new();
-                    add_ips(&mut addrs, &q.ips());
-                    out.extend(boxes_over(&addrs, s));
+                    let mut raw = BTreeMap::new();
+                    add_ips(&mut raw, &q.ips());
+                    out.extend(boxes_over(&to_ranges(raw), s));
                 }
             }
         }

@@ -95,6 +95,9 @@ pub fn parse_cidr(text: &str) -> Result<(Family, u128, u128), String> {
     Ok((family, lo, lo | host))
 }
 
+/// Inclusive ranges in any order, overlapping or not: what `Ranges::from_unsorted` takes.
+pub type Bounds = Vec<(u128, u128)>;
+
 /// Addresses of one family: sorted, disjoint, non-adjacent inclusive ranges.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ranges(Vec<(u128, u128)>);
@@ -133,10 +136,25 @@ impl Ranges {
         self.0.splice(start..end, [(nlo, nhi)]);
     }
 
-    pub fn union(&mut self, other: &Ranges) {
-        for (lo, hi) in other.iter() {
-            self.insert(lo, hi);
+    /// The union of `ranges`, given in any order, overlapping or not: sorted once, then merged
+    /// (inserting them one by one would shift the vector at each).
+    pub fn from_unsorted(mut ranges: Bounds) -> Ranges {
+        ranges.retain(|(lo, hi)| lo <= hi);
+        ranges.sort_unstable();
+        let mut out: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
+        for (lo, hi) in ranges {
+            match out.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => out.push((lo, hi)),
+            }
         }
+        Ranges(out)
+    }
+
+    pub fn union(&mut self, other: &Ranges) {
+        let mut all = std::mem::take(&mut self.0);
+        all.extend_from_slice(&other.0);
+        *self = Ranges::from_unsorted(all);
     }
 
     /// Takes `lo..=hi` out.
@@ -258,17 +276,21 @@ pub fn normalise(services: &[Service]) -> Vec<Service> {
 /// become one range.
 pub fn disjoint(boxes: &[AllowBox]) -> Vec<Elem> {
     // Boxes with the same services are one box.
-    let mut groups: Vec<(Vec<Service>, Ranges)> = Vec::new();
+    let mut raw: Vec<(Vec<Service>, Bounds)> = Vec::new();
     for b in boxes.iter().filter(|b| !b.addrs.is_empty()) {
         let key = normalise(&b.services);
         if key.is_empty() {
             continue;
         }
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, r)) => r.union(&b.addrs),
-            None => groups.push((key, b.addrs.clone())),
+        match raw.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, r)) => r.extend(b.addrs.iter()),
+            None => raw.push((key, b.addrs.iter().collect())),
         }
     }
+    let groups: Vec<(Vec<Service>, Ranges)> = raw
+        .into_iter()
+        .map(|(k, r)| (k, Ranges::from_unsorted(r)))
+        .collect();
     // A sweep over the addresses: where a group's ranges start and end.
     let mut edges: Vec<(u128, bool, usize)> = Vec::new();
     for (g, (_, ranges)) in groups.iter().enumerate() {
@@ -338,14 +360,14 @@ pub fn by_services(elems: &[Elem]) -> Vec<(Vec<Service>, Ranges)> {
             port: e.port,
         });
     }
-    let mut groups: BTreeMap<Vec<Service>, Ranges> = BTreeMap::new();
+    let mut groups: BTreeMap<Vec<Service>, Bounds> = BTreeMap::new();
     for (addr, services) in pieces {
-        groups
-            .entry(normalise(&services))
-            .or_default()
-            .insert(addr.0, addr.1);
+        groups.entry(normalise(&services)).or_default().push(addr);
     }
-    groups.into_iter().collect()
+    groups
+        .into_iter()
+        .map(|(k, r)| (k, Ranges::from_unsorted(r)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -382,6 +404,29 @@ mod tests {
         for bad in ["10.5.0.0", "10.5.0.0/33", "banana/8", "10.5.0.0/x"] {
             assert!(parse_cidr(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn ranges_from_any_order_are_the_ones_inserted_one_by_one() {
+        let raw = [
+            (9, 12),
+            (1, 1),
+            (3, 4),
+            (2, 2),
+            (20, 30),
+            (13, 13),
+            (25, 40),
+            (7, 6),
+        ];
+        let mut one_by_one = Ranges::new();
+        for (lo, hi) in raw {
+            one_by_one.insert(lo, hi);
+        }
+        assert_eq!(Ranges::from_unsorted(raw.to_vec()), one_by_one);
+        assert_eq!(
+            one_by_one.iter().collect::<Vec<_>>(),
+            [(1, 4), (9, 13), (20, 40)]
+        );
     }
 
     #[test]
