@@ -238,10 +238,15 @@ fn connection_rate(srv: &TestNs, cli: &TestNs, secs: f64) -> f64 {
             let start = Instant::now();
             let mut n = 0u64;
             let mut buf = [0u8; 1];
+            let to: std::net::SocketAddr = format!("{SERVER}:8080").parse().unwrap();
             while start.elapsed().as_secs_f64() < secs {
-                let mut c = TcpStream::connect((SERVER, 8080)).unwrap();
-                let _ = c.read(&mut buf);
-                n += 1;
+                // A refused or lost connection ends nothing: the rate counts those that answer.
+                if let Ok(mut c) = TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                    if c.read(&mut buf).is_ok_and(|k| k == 1) {
+                        n += 1;
+                    }
+                }
             }
             n as f64 / start.elapsed().as_secs_f64()
         });
@@ -262,10 +267,22 @@ fn throughput(srv: &TestNs, cli: &TestNs) -> Option<f64> {
     std::thread::sleep(Duration::from_millis(300));
     let out = cli
         .command("iperf3")
-        .args(["-c", SERVER, "-p", "5201", "-t", "3", "-J"])
-        .output()
-        .ok()?;
+        .args([
+            "-c",
+            SERVER,
+            "-p",
+            "5201",
+            "-t",
+            "3",
+            "-J",
+            "--connect-timeout",
+            "3000",
+        ])
+        .output();
+    // A client that never reached it leaves the one-off server waiting: end it.
+    let _ = server.kill();
     let _ = server.wait();
+    let out = out.ok()?;
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
     v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
@@ -334,6 +351,7 @@ fn main() {
     std::thread::sleep(Duration::from_millis(500));
     while crx.try_recv().is_ok() {}
     let mut lat = Vec::new();
+    let mut missed = 0;
     for i in 0..EVENTS {
         let t = Instant::now();
         match i % 4 {
@@ -373,18 +391,30 @@ fn main() {
                 api.delete(Kind::NetworkPolicy, "ns3", "extra").unwrap();
             }
         }
-        let at = crx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("a commit after the write");
-        lat.push(at.duration_since(t));
+        // No commit within 10 s is a figure too (said below), not the end of the bench.
+        match crx.recv_timeout(Duration::from_secs(10)) {
+            Ok(at) => lat.push(at.duration_since(t)),
+            Err(_) => missed += 1,
+        }
         std::thread::sleep(Duration::from_millis(20));
         while crx.try_recv().is_ok() {}
     }
+    // A write with no commit counts as the slowest of all in the percentiles.
+    lat.extend(std::iter::repeat_n(Duration::MAX, missed));
     lat.sort();
     println!(
-        "events: {EVENTS} API writes to the kernel's commit: p50 {:.1?} p90 {:.1?} p99 {:.1?} max {:.1?}; load {}",
+        "events: {EVENTS} API writes to the kernel's commit: p50 {:.1?} p90 {:.1?} p99 {:.1?} max {:.1?}; {missed} with no commit within 10 s; load {}",
         percentile(&lat, 0.5), percentile(&lat, 0.9), percentile(&lat, 0.99), lat[lat.len() - 1], load()
     );
+    if missed > 0 {
+        for l in e
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        {
+            println!("       enforcer: {l}");
+        }
+    }
     println!("       RSS {} KiB after them", rss_kib(e.child.id()));
     // The enforcer's own account of its passes after the start's: compiling, and writing the
     // difference.
@@ -395,7 +425,11 @@ fn main() {
             .filter(|l| l.contains("wrote table"))
             .skip(1)
             .filter_map(|l| {
-                let t = l.split(what).nth(1)?.split([',', ' ']).find(|t| !t.is_empty())?;
+                let t = l
+                    .split(what)
+                    .nth(1)?
+                    .split([',', ' '])
+                    .find(|t| !t.is_empty())?;
                 let ms = if let Some(v) = t.strip_suffix("ms") {
                     v.parse::<f64>().ok()?
                 } else if let Some(v) = t.strip_suffix("µs") {
