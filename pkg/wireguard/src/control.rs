@@ -6,7 +6,44 @@ use std::io;
 use std::path::Path;
 
 use crate::genl::KernelWireguard;
-use crate::uapi::{DeviceConfig, DeviceState, UapiClient};
+use crate::uapi::{ClientError, DeviceConfig, DeviceState, UapiClient};
+
+/// What went wrong choosing the tunnel or driving its device.
+#[derive(Debug)]
+pub enum ControlError {
+    /// A forced mode that is none of kernel, userspace or auto.
+    UnknownMode(String),
+    /// The kernel's tunnel forced on a kernel that cannot run one; why it cannot.
+    KernelForced(String),
+    /// The kernel's `wireguard` generic netlink family: absent, or its answer.
+    Kernel(io::Error),
+    /// The userspace tunnel's UAPI socket.
+    Userspace(ClientError),
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::UnknownMode(m) => write!(f, "{m:?} is not kernel, userspace or auto"),
+            ControlError::KernelForced(why) => write!(
+                f,
+                "the kernel tunnel is forced, but the kernel cannot run one: {why}"
+            ),
+            ControlError::Kernel(e) => write!(f, "{e}"),
+            ControlError::Userspace(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ControlError::Kernel(e) => Some(e),
+            ControlError::Userspace(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Which WireGuard runs the tunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,12 +61,12 @@ impl TunnelMode {
     }
 
     /// Reads a forced mode: "kernel", "userspace", or "auto" (None: chosen at start).
-    pub fn parse_forced(text: &str) -> Result<Option<TunnelMode>, String> {
+    pub fn parse_forced(text: &str) -> Result<Option<TunnelMode>, ControlError> {
         match text {
             "auto" | "" => Ok(None),
             "kernel" => Ok(Some(TunnelMode::Kernel)),
             "userspace" => Ok(Some(TunnelMode::Userspace)),
-            other => Err(format!("{other:?} is not kernel, userspace or auto")),
+            other => Err(ControlError::UnknownMode(other.to_string())),
         }
     }
 }
@@ -45,12 +82,10 @@ impl fmt::Display for TunnelMode {
 pub fn choose_mode(
     forced: Option<TunnelMode>,
     kernel: &Result<(), String>,
-) -> Result<(TunnelMode, String), String> {
+) -> Result<(TunnelMode, String), ControlError> {
     match (forced, kernel) {
         (Some(TunnelMode::Kernel), Ok(())) => Ok((TunnelMode::Kernel, "forced".into())),
-        (Some(TunnelMode::Kernel), Err(why)) => Err(format!(
-            "the kernel tunnel is forced, but the kernel cannot run one: {why}"
-        )),
+        (Some(TunnelMode::Kernel), Err(why)) => Err(ControlError::KernelForced(why.clone())),
         (Some(TunnelMode::Userspace), _) => Ok((TunnelMode::Userspace, "forced".into())),
         (None, Ok(())) => Ok((TunnelMode::Kernel, "the kernel has WireGuard".into())),
         (None, Err(why)) => Ok((TunnelMode::Userspace, why.clone())),
@@ -74,26 +109,30 @@ impl Control {
         }
     }
 
-    fn kernel() -> io::Result<KernelWireguard> {
-        KernelWireguard::open()?.ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the kernel has no \"wireguard\" generic netlink family",
-            )
-        })
+    fn kernel() -> Result<KernelWireguard, ControlError> {
+        KernelWireguard::open()
+            .map_err(ControlError::Kernel)?
+            .ok_or_else(|| {
+                ControlError::Kernel(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the kernel has no \"wireguard\" generic netlink family",
+                ))
+            })
     }
 
-    pub fn get(&self) -> io::Result<DeviceState> {
+    pub fn get(&self) -> Result<DeviceState, ControlError> {
         match self {
-            Control::Kernel { name } => Self::kernel()?.get(name),
-            Control::Userspace(c) => c.get().map_err(|e| io::Error::other(e.to_string())),
+            Control::Kernel { name } => Self::kernel()?.get(name).map_err(ControlError::Kernel),
+            Control::Userspace(c) => c.get().map_err(ControlError::Userspace),
         }
     }
 
-    pub fn set(&self, config: &DeviceConfig) -> io::Result<()> {
+    pub fn set(&self, config: &DeviceConfig) -> Result<(), ControlError> {
         match self {
-            Control::Kernel { name } => Self::kernel()?.set(name, config),
-            Control::Userspace(c) => c.set(config).map_err(|e| io::Error::other(e.to_string())),
+            Control::Kernel { name } => Self::kernel()?
+                .set(name, config)
+                .map_err(ControlError::Kernel),
+            Control::Userspace(c) => c.set(config).map_err(ControlError::Userspace),
         }
     }
 }
@@ -118,24 +157,32 @@ mod tests {
         );
         let err = choose_mode(Some(TunnelMode::Kernel), &lacks).unwrap_err();
         assert!(
-            err.contains("forced") && err.contains("no link kind wireguard"),
-            "{err}"
+            matches!(&err, ControlError::KernelForced(why) if why == "no link kind wireguard"),
+            "{err:?}"
+        );
+        let said = err.to_string();
+        assert!(
+            said.contains("forced") && said.contains("no link kind wireguard"),
+            "{said}"
         );
     }
 
     #[test]
     fn forced_modes_parse_and_others_are_refused() {
-        assert_eq!(TunnelMode::parse_forced("auto"), Ok(None));
+        assert_eq!(TunnelMode::parse_forced("auto").unwrap(), None);
         assert_eq!(
-            TunnelMode::parse_forced("kernel"),
-            Ok(Some(TunnelMode::Kernel))
+            TunnelMode::parse_forced("kernel").unwrap(),
+            Some(TunnelMode::Kernel)
         );
         assert_eq!(
-            TunnelMode::parse_forced("userspace"),
-            Ok(Some(TunnelMode::Userspace))
+            TunnelMode::parse_forced("userspace").unwrap(),
+            Some(TunnelMode::Userspace)
         );
-        assert!(TunnelMode::parse_forced("boringtun")
-            .unwrap_err()
-            .contains("\"boringtun\""));
+        let err = TunnelMode::parse_forced("boringtun").unwrap_err();
+        assert!(
+            matches!(&err, ControlError::UnknownMode(m) if m == "boringtun"),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("\"boringtun\""), "{err}");
     }
 }

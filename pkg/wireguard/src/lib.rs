@@ -1,4 +1,4 @@
-//! WireGuard for flanneld's `wireguard` backend.
+//! WireGuard's controls for flanneld's `wireguard` backend; each module has its own error type.
 //!
 //! - `key`: the private key file, base64/hex keys, PSK parsing.
 //! - `uapi`: the cross-platform text protocol and a client of a device's socket.

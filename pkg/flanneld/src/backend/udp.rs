@@ -228,6 +228,7 @@ impl UdpDevice {
                 &launcher,
                 Duration::from_secs(20),
             )
+            .map_err(std::io::Error::other)
         })
         .await
     }

@@ -110,9 +110,8 @@ impl WireGuard {
         };
         let forced = match b.text("Tunnel")? {
             None => None,
-            Some(t) => {
-                TunnelMode::parse_forced(t).map_err(|e| b.refuse("Tunnel", format!("{t:?}"), e))?
-            }
+            Some(t) => TunnelMode::parse_forced(t)
+                .map_err(|e| b.refuse("Tunnel", format!("{t:?}"), e.to_string()))?,
         };
         let port = |key: &str, default: u16| {
             let port = b.number(key, 1..=65535, "must be a UDP port, 1 to 65535")?;
@@ -413,10 +412,10 @@ fn mode_of(held: &Link) -> Option<TunnelMode> {
 }
 
 /// Runs blocking device I/O (a socket round trip, a process start) off the async workers.
-async fn blocking<T: Send + 'static>(
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     op: &'static str,
     object: String,
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> cni_kernel::Result<T> {
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => Ok(v),
