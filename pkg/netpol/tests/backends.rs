@@ -1,6 +1,7 @@
 //! The backends the other tests leave out, each under a case of the truth tables: wireguard
-//! (this kernel has none, so the userspace tunnel, flannel-wireguard). The tunnel carries the
-//! pods' own addresses, so that policies see them as on vxlan.
+//! (this kernel has none, so the userspace tunnel, flannel-wireguard) and udp (its tunnel,
+//! flannel-udp, behind flannel0). Both tunnels carry the pods' own addresses, so that policies
+//! see them as on vxlan.
 
 mod common;
 
@@ -87,6 +88,13 @@ fn wireguard_userspace_tunnel() {
         &[],
         |c| machines = Some(Machines::separate(c)),
     );
+    x_a_from_y_only_z_sends_nothing(&w);
+    drop(w);
+    drop(machines);
+}
+
+/// A case on a cluster: x/a admits only namespace y; z sends nothing.
+fn x_a_from_y_only_z_sends_nothing(w: &World) {
     w.expect("before any policy", Tcp, 80, &Reach::all(true));
     w.policy("x", "allow-client-a-via-ns-selector", json!({"podSelector": {"matchLabels": {"pod": "a"}},
         "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "y"}}}]}]}));
@@ -104,6 +112,30 @@ fn wireguard_userspace_tunnel() {
             .peer("z/*", "x/a", false)
             .peer("z/*", "*", false),
     );
-    drop(w);
-    drop(machines);
+}
+
+#[test]
+fn udp_tunnel() {
+    let tunnel = testkit::bin_dir().join("flannel-udp");
+    assert!(
+        tunnel.exists(),
+        "{} is missing: cargo build --workspace --bins",
+        tunnel.display()
+    );
+    // Each node's tunnel socket in its own directory, as on separate machines (the cluster
+    // ends the tunnels, which outlive flanneld, with its nodes).
+    let w = World::prepared("npt", 128, r#"{"Type":"udp"}"#, Underlay::V4, &[], |c| {
+        for n in 1..=3 {
+            let dir = c.node(n).dir.display().to_string();
+            c.set_flanneld_env(n, "FLANNEL_UDP_SOCKET_DIR", &dir);
+        }
+    });
+    for n in 1..=3 {
+        let routes = w.cluster.node(n).routes();
+        assert!(
+            routes.contains("10.128.0.0/16 dev flannel0"),
+            "node {n}: the network through the udp tunnel's flannel0:\n{routes}"
+        );
+    }
+    x_a_from_y_only_z_sends_nothing(&w);
 }
