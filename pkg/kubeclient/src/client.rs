@@ -9,6 +9,7 @@
 use crate::config::{configure, host_port, Source};
 use crate::error::{answer_message, chain_text, classify, KubeError, Op};
 use crate::pace::{Failure, Pace};
+use crate::page::{ListMeta, PageReader};
 use crate::resource::{null_as_default, Kind, Object, Selector, PODS};
 use conncause::{connection_cause, Peer};
 use futures::{Stream, StreamExt};
@@ -27,8 +28,6 @@ use tracing::info;
 const PAGE: u32 = 500;
 /// A watch asks the server to end it after this, and is then resumed from where it was.
 const WATCH_TIMEOUT_S: u32 = 290;
-/// Frames of an answer buffered ahead of its parser.
-const PARSE_AHEAD: usize = 8;
 /// Times a list whose continue token expired between its pages starts again at once.
 const LIST_RESTARTS: usize = 3;
 
@@ -37,23 +36,6 @@ const LIST_RESTARTS: usize = 3;
 pub struct Listed<T> {
     pub items: Vec<T>,
     pub resource_version: String,
-}
-
-#[derive(Deserialize)]
-#[serde(bound = "T: DeserializeOwned")]
-struct Page<T> {
-    metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_default")]
-    items: Vec<T>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListMeta {
-    #[serde(default)]
-    resource_version: String,
-    #[serde(rename = "continue", default)]
-    continue_token: Option<String>,
 }
 
 /// Where this node's name comes from: `NODE_NAME`, else the pod's `spec.nodeName`.
@@ -244,54 +226,52 @@ impl KubeClient {
         self.failed(Failure::Refused);
     }
 
-    /// The answer to `req`, read as it arrives: its body goes frame by frame to a parser on a
-    /// blocking thread, so that a page of 500 Nodes (megabytes of status) never sits whole in
-    /// memory; what is kept is only what `T` takes of it.
-    async fn request<T: DeserializeOwned + Send + 'static>(
+    /// The answer to `req`: one object, read whole.
+    async fn request<T: DeserializeOwned>(
         &self,
         op: Op<'_>,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<T, KubeError> {
         let res = self.send(op, req).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(PARSE_AHEAD);
-        let parser = tokio::task::spawn_blocking(move || {
-            let frames = FrameReader {
-                rx,
-                frame: Vec::new(),
-                at: 0,
-            };
-            serde_json::from_reader::<_, T>(std::io::BufReader::with_capacity(1 << 16, frames))
-        });
-        let mut body = res.into_body();
-        let mut broken = None;
+        let body = match res.into_body().collect_bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                self.failed(Failure::Unanswered);
+                return Err(self.transport_error(op, &e));
+            }
+        };
+        serde_json::from_slice(&body).map_err(|e| {
+            KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
+        })
+    }
+
+    /// One page of a list, read as it arrives: each item parsed as soon as it is in, so that
+    /// a page of 500 Nodes (megabytes of status) never sits whole in memory; what is kept is
+    /// only what `T` takes of each.
+    async fn page<T: DeserializeOwned>(
+        &self,
+        op: Op<'_>,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+    ) -> Result<(Vec<T>, ListMeta), KubeError> {
+        let mut body = self.send(op, req).await?.into_body();
+        let mut reader = PageReader::<T>::new();
+        let refused = |e: String| {
+            KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
+        };
         while let Some(frame) = body.frame().await {
             match frame {
                 Ok(f) => {
-                    let Ok(data) = f.into_data() else { continue };
-                    // A parser that stopped (bad JSON) says why below.
-                    if tx.send(data.to_vec()).await.is_err() {
-                        break;
+                    if let Ok(data) = f.into_data() {
+                        reader.feed(&data).map_err(refused)?;
                     }
                 }
                 Err(e) => {
-                    broken = Some(e);
-                    break;
+                    self.failed(Failure::Unanswered);
+                    return Err(self.transport_error(op, &e));
                 }
             }
         }
-        drop(tx);
-        let parsed = parser.await;
-        if let Some(e) = broken {
-            self.failed(Failure::Unanswered);
-            return Err(self.transport_error(op, &e));
-        }
-        match parsed {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(KubeError::Refused(format!(
-                "{op}: the answer is not what the API gives: {e}"
-            ))),
-            Err(e) => Err(KubeError::Refused(format!("{op}: reading the answer: {e}"))),
-        }
+        reader.finish().map_err(refused)
     }
 
     /// This node's name: `NODE_NAME`, else the `spec.nodeName` of the pod `POD_NAME` in
@@ -315,7 +295,7 @@ impl KubeClient {
     }
 
     /// One object of `kind` by its name (and namespace, for a namespaced kind).
-    pub async fn get<T: DeserializeOwned + Send + 'static>(
+    pub async fn get<T: DeserializeOwned>(
         &self,
         kind: Kind,
         namespace: Option<&str>,
@@ -357,8 +337,8 @@ impl KubeClient {
                     field_selector: selector.fields.clone(),
                     ..Default::default()
                 };
-                let page: Page<T> = match self
-                    .request(op, kube::core::Request::new(&path).list(&lp))
+                let (page, meta) = match self
+                    .page::<T>(op, kube::core::Request::new(&path).list(&lp))
                     .await
                 {
                     Ok(p) => p,
@@ -373,13 +353,13 @@ impl KubeClient {
                     }
                     Err(e) => return Err(e),
                 };
-                items.extend(page.items);
-                match page.metadata.continue_token.filter(|t| !t.is_empty()) {
+                items.extend(page);
+                match meta.continue_token.filter(|t| !t.is_empty()) {
                     Some(t) => token = Some(t),
                     None => {
                         return Ok(Listed {
                             items,
-                            resource_version: page.metadata.resource_version,
+                            resource_version: meta.resource_version,
                         })
                     }
                 }
@@ -505,31 +485,6 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(secs))
-}
-
-/// Frames of an answer handed on by the async side (None: the body ended), as a reader.
-struct FrameReader {
-    rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
-    frame: Vec<u8>,
-    at: usize,
-}
-
-impl std::io::Read for FrameReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        while self.at >= self.frame.len() {
-            match self.rx.blocking_recv() {
-                Some(f) => {
-                    self.frame = f;
-                    self.at = 0;
-                }
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.frame.len() - self.at);
-        buf[..n].copy_from_slice(&self.frame[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
 }
 
 /// One line of a watch.

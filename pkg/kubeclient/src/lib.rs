@@ -25,6 +25,7 @@ mod config;
 mod error;
 mod follow;
 mod pace;
+mod page;
 mod resource;
 
 pub use client::{KubeClient, Listed, NodeEnv};
