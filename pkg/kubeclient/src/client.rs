@@ -392,57 +392,18 @@ impl KubeClient {
         let req = kube::core::Request::new(kind.collection(selector.namespace.as_deref()))
             .watch(&wp, resource_version);
         let body = self.send(op, req).await?.into_body();
-        let this = self.clone();
-        let lines = futures::stream::unfold(
-            (body, Vec::<u8>::new(), false),
-            move |(mut body, mut buf, done)| {
-                let this = this.clone();
-                async move {
-                    let op = Op {
-                        verb: "watch",
-                        resource: kind.plural,
-                        name: None,
-                    };
-                    loop {
-                        if let Some(i) = buf.iter().position(|&b| b == b'\n') {
-                            let line: Vec<u8> = buf.drain(..=i).collect();
-                            if line.iter().all(u8::is_ascii_whitespace) {
-                                continue;
-                            }
-                            return Some((event(op, &line), (body, buf, done)));
-                        }
-                        if done {
-                            return None;
-                        }
-                        match body.frame().await {
-                            Some(Ok(frame)) => {
-                                if let Ok(data) = frame.into_data() {
-                                    buf.extend_from_slice(&data);
-                                }
-                            }
-                            Some(Err(e)) => {
-                                this.failed(Failure::Unanswered);
-                                return Some((
-                                    Err(this.transport_error(op, &e)),
-                                    (body, Vec::new(), true),
-                                ));
-                            }
-                            None => {
-                                // A last line without its newline.
-                                if buf.iter().all(u8::is_ascii_whitespace) {
-                                    return None;
-                                }
-                                buf.push(b'\n');
-                                return Some((
-                                    event(op, &std::mem::take(&mut buf)),
-                                    (body, Vec::new(), true),
-                                ));
-                            }
-                        }
-                    }
-                }
-            },
-        );
+        let lines = WatchLines {
+            client: self.clone(),
+            plural: kind.plural,
+            body,
+            buf: Vec::new(),
+            at: 0,
+            done: false,
+        };
+        let lines = futures::stream::unfold(lines, |mut l| async move {
+            let item = l.next_event().await?;
+            Some((item, l))
+        });
         Ok(lines.boxed())
     }
 
@@ -485,6 +446,65 @@ fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(secs))
+}
+
+/// A watch's answer, one line at a time.
+struct WatchLines {
+    client: KubeClient,
+    plural: &'static str,
+    body: Body,
+    /// What has come and is not read yet, from `at` on.
+    buf: Vec<u8>,
+    at: usize,
+    /// The body ended or broke: what is left in `buf` is the last of it.
+    done: bool,
+}
+
+impl WatchLines {
+    async fn next_event<T: DeserializeOwned>(
+        &mut self,
+    ) -> Option<Result<WatchEvent<T>, KubeError>> {
+        let op = Op {
+            verb: "watch",
+            resource: self.plural,
+            name: None,
+        };
+        loop {
+            let rest = &self.buf[self.at..];
+            if let Some(k) = memchr::memchr(b'\n', rest) {
+                let line = &rest[..k];
+                self.at += k + 1;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(event(op, line));
+            }
+            if self.done {
+                // A last line without its newline.
+                let line = std::mem::take(&mut self.buf);
+                let line = &line[self.at..];
+                self.at = 0;
+                return (!line.iter().all(u8::is_ascii_whitespace)).then(|| event(op, line));
+            }
+            // Only the start of a line is left: it goes to the front, once per frame.
+            self.buf.drain(..self.at);
+            self.at = 0;
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    self.client.failed(Failure::Unanswered);
+                    self.done = true;
+                    self.buf.clear();
+                    return Some(Err(self.client.transport_error(op, &e)));
+                }
+                None => self.done = true,
+            }
+        }
+    }
 }
 
 /// One line of a watch.
