@@ -73,6 +73,12 @@ struct PodSpec {
 /// (the clones share the connection pool and the pace).
 #[derive(Clone)]
 pub struct KubeClient {
+    inner: Arc<Inner>,
+    /// The rights the program needs, said beside a 403.
+    needs: Option<&'static str>,
+}
+
+struct Inner {
     client: kube::Client,
     server: String,
     /// host:port of the server, for causes.
@@ -80,9 +86,7 @@ pub struct KubeClient {
     peer: Peer,
     /// Whose credentials the requests carry, and where they were given.
     credentials: String,
-    /// The rights the program needs, said beside a 403.
-    needs: Option<&'static str>,
-    pace: Arc<Mutex<Pace>>,
+    pace: Mutex<Pace>,
 }
 
 impl KubeClient {
@@ -106,19 +110,21 @@ impl KubeClient {
             .starts_with("http://")
             .then(|| format!("does it want TLS? {address_from} says http"));
         Ok(KubeClient {
-            client,
-            server,
-            addr,
-            peer: Peer {
-                what: "the API server",
-                closed_hint,
-                address_from,
-                ca,
-                client_cert,
-            },
-            credentials,
+            inner: Arc::new(Inner {
+                client,
+                server,
+                addr,
+                peer: Peer {
+                    what: "the API server",
+                    closed_hint,
+                    address_from,
+                    ca,
+                    client_cert,
+                },
+                credentials,
+                pace: Mutex::default(),
+            }),
             needs: None,
-            pace: Arc::default(),
         })
     }
 
@@ -130,16 +136,16 @@ impl KubeClient {
 
     /// The API server's URL, for log lines.
     pub fn server(&self) -> &str {
-        &self.server
+        &self.inner.server
     }
 
     /// Whose credentials the requests carry, for log lines.
     pub fn credentials(&self) -> &str {
-        &self.credentials
+        &self.inner.credentials
     }
 
     fn pace(&self) -> std::sync::MutexGuard<'_, Pace> {
-        self.pace.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.pace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn failed(&self, how: Failure) {
@@ -148,8 +154,14 @@ impl KubeClient {
 
     /// A failed connection or a broken answer as the operator fixes it.
     fn transport_error(&self, op: Op<'_>, e: &(dyn std::error::Error + 'static)) -> KubeError {
-        let cause = connection_cause(e, &self.peer, &self.addr)
-            .unwrap_or_else(|| format!("{} at {}: {}", self.peer.what, self.addr, chain_text(e)));
+        let cause = connection_cause(e, &self.inner.peer, &self.inner.addr).unwrap_or_else(|| {
+            format!(
+                "{} at {}: {}",
+                self.inner.peer.what,
+                self.inner.addr,
+                chain_text(e)
+            )
+        });
         KubeError::Unavailable(format!("{op}: {cause}"))
     }
 
@@ -164,7 +176,7 @@ impl KubeClient {
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
         }
-        let res = match self.client.send(req.map(Body::from)).await {
+        let res = match self.inner.client.send(req.map(Body::from)).await {
             Ok(r) => r,
             Err(e) => {
                 self.failed(Failure::Unanswered);
@@ -190,7 +202,7 @@ impl KubeClient {
             401 => KubeError::Unauthenticated(format!(
                 "{op}: the API server at {} does not accept {} ({code} {message}): an expired \
                  or revoked token, or a certificate it does not trust",
-                self.addr, self.credentials
+                self.inner.addr, self.inner.credentials
             )),
             429 | 500..=599 => KubeError::Unavailable(match wait {
                 Some(w) => format!(
