@@ -6,20 +6,24 @@
 # target there. Whatever the demo and the tests need beyond the toolchain, scripts/deps.sh must
 # install, or it fails here; no kernel image may come with it. Afterwards no namespace or demo
 # process may be left in the container, and the machine's root namespace has the links it had.
-#   scripts/fresh-machine.sh [--keep-target DIR] [DEMO ARGUMENTS...]
-#   --keep-target DIR   move the container's target/ (the demo's static release build) to DIR
-# The container shares the host's network namespace, as apt and cargo need the mirrors; the
-# demo makes its own namespaces and touches nothing else. A copy of the host's cargo registry
-# (its index and downloaded crates, not their unpacked sources) is the container's, so that
-# crates already downloaded are not downloaded again; nothing built is taken from the host.
-# Everything is made under a temporary directory and removed at the end, podman's store with it.
+#   scripts/fresh-machine.sh [--share-target] [DEMO ARGUMENTS...]
+#   --share-target   the container builds into this checkout's target/, which must hold no
+#                    build yet; cargo on the host then finds the demo's release build and the
+#                    test build up to date (scripts/image.sh --no-build, scripts/test.sh) and
+#                    builds nothing again. Without it, into a target/ removed at the end.
+# The container sees the checkout, the toolchain and the host's cargo home (its registry: crates
+# already downloaded are not downloaded again) at their paths on the host, so that cargo's
+# fingerprints of what it builds hold on the host too; nothing built is taken from the host.
+# It shares the host's network namespace, as apt and cargo need the mirrors; the demo makes its
+# own namespaces and touches nothing else. Everything else is made under a temporary directory
+# and removed at the end, podman's store with it.
 set -euo pipefail
 
-keep_target=
+share_target=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --keep-target) keep_target=${2:?--keep-target needs a directory}; shift 2 ;;
-        -h|--help) sed -n '2,15s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        --share-target) share_target=1; shift ;;
+        -h|--help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) break ;;
     esac
 done
@@ -31,7 +35,11 @@ done
 release=bookworm
 sysroot=$(rustc --print sysroot)
 [ -x "$sysroot/bin/cargo" ] || { echo "no cargo beside rustc in $sysroot: the container gets that toolchain" >&2; exit 1; }
-registry=${CARGO_HOME:-$HOME/.cargo}/registry
+cargo_home=$(cd "${CARGO_HOME:-$HOME/.cargo}" && pwd)
+if [ "$share_target" = 1 ] && [ -n "$(ls -A "$top/target" 2>/dev/null)" ]; then
+    echo "$top/target holds a build: the container must build from nothing (remove it, or run without --share-target)" >&2
+    exit 1
+fi
 
 work=$(mktemp -d /var/tmp/flannel-cni-rs-fresh.XXXXXX)
 name=flannel-cni-rs-fresh-$$
@@ -96,11 +104,11 @@ git -C "$top" archive HEAD | tar -x -C "$work/src"
 [ -z "$(git -C "$top" status --porcelain --untracked-files=no)" ] ||
     echo "note: the checkout has changes that are not committed; the container gets HEAD"
 
-mkdir -p "$work/cargo/registry"
-for d in index cache; do
-    [ -d "$registry/$d" ] && cp -a "$registry/$d" "$work/cargo/registry/"
-done
-mounts=(-v "$sysroot:/opt/rust:ro" -v "$work/src:/src" -v "$work/cargo:/root/.cargo")
+# The checkout as HEAD at its own path; the target directory inside it the host's or our own.
+target=$work/target
+[ "$share_target" = 1 ] && target=$top/target
+mkdir -p "$target"
+mounts=(-v "$sysroot:$sysroot:ro" -v "$work/src:$top" -v "$target:$top/target" -v "$cargo_home:$cargo_home")
 # After the demo: nothing of it may be left in the container. `times` gives the CPU time of
 # everything the shell waited for (the build most of all).
 check='set -e
@@ -116,15 +124,15 @@ kernels=$(dpkg-query -W -f "\${Package} \${Status}\n" "linux-image-*" 2>/dev/nul
 [ -z "$kernels" ] || { echo "FAILED: scripts/deps.sh tests installed a kernel: $kernels" >&2; exit 1; }
 echo "scripts/deps.sh tests: $(( $(date +%s) - t )) s"
 t=$(date +%s)
-# Its own target directory, in the container: the kept target/ holds the release build only;
-# no debug info, which only makes the build longer here.
-CARGO_TARGET_DIR=/var/tmp/test-target CARGO_PROFILE_DEV_DEBUG=0 cargo test --workspace --no-run --locked --quiet
+# As scripts/test.sh builds them (its nextest builds what `cargo test` does), so that the host
+# finds them built.
+cargo test --workspace --no-run --locked --quiet
 echo "every test target built: $(( $(date +%s) - t )) s"'
 t=$(date +%s)
 status=0
 # In the background, so that a TERM to this script reaches its cleanup at once.
-podman run --rm --name "$name" --privileged --network host "${mounts[@]}" -w /src \
-    -e PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+podman run --rm --name "$name" --privileged --network host "${mounts[@]}" -w "$top" \
+    -e CARGO_HOME="$cargo_home" -e PATH="$sysroot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
     "localhost/$name:$release" bash -c "$check" demo "$@" &
 wait $! || status=$?
 echo "scripts/demo.sh $*, scripts/deps.sh tests and the test build in the container: $(elapsed "$t"), exit status $status"
@@ -135,11 +143,6 @@ if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") >&2 || true
     status=1
 fi
-if [ "$status" = 0 ] && [ -n "$keep_target" ]; then
-    rm -rf "$keep_target"
-    mkdir -p "$(dirname "$keep_target")"
-    mv "$work/src/target" "$keep_target"
-    echo "the container's target/ is now $keep_target"
-fi
+[ "$share_target" = 1 ] && echo "the container's build is in $top/target"
 [ "$status" = 0 ] && echo "PASSED: scripts/demo.sh $*, scripts/deps.sh tests and the test build on a fresh Debian $release"
 exit "$status"
