@@ -11,7 +11,10 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 scripts/deps.sh tests
-cargo build --workspace --bins --quiet
+# Every binary a test may exec, also of a package with no integration test, built with the
+# dependencies' features the tests' build gives them (--tests turns the dev-dependencies on):
+# without them (plain --bins) tokio and its dependents were built a second time, for nothing.
+cargo build --workspace --bins --tests --quiet
 skipped=$(mktemp)
 trap 'rm -f "$skipped"' EXIT
 status=0
