@@ -631,13 +631,13 @@ fn the_image_from_prebuilt_binaries_is_the_image_the_dockerfile_compiles() {
         .collect();
     assert!(installed.contains(&"nftables"), "nft, for EnableNFTables");
     let script = fs::read_to_string(repo_root().join("scripts/image.sh")).unwrap();
+    // The base's mmdebstrap: `make_rootfs <variant> <packages> "$work/base.tar" ...`.
     let included: Vec<&str> = script
-        .split("--include=")
-        .nth(1)
-        .expect("mmdebstrap --include= in scripts/image.sh")
-        .split_whitespace()
-        .next()
-        .unwrap()
+        .lines()
+        .filter(|l| l.contains("\"$work/base.tar\""))
+        .find_map(|l| l.trim().strip_prefix("make_rootfs "))
+        .and_then(|args| args.split_whitespace().nth(1))
+        .expect("make_rootfs <variant> <packages> \"$work/base.tar\" in scripts/image.sh")
         .split(',')
         .collect();
     assert_eq!(included, installed, "scripts/image.sh's base packages");
