@@ -491,21 +491,23 @@ fn flanneld_from_the_image_in_kube_mode_as_its_daemonset_runs_it() {
     }
 }
 
-#[test]
-fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
-    let Some((dir, podman, image)) = setup("e2e-image-etcd-") else {
-        return;
-    };
-    let manifest = Manifest::read(ETCD_MODE);
-    assert_manifest_runs(&podman, &manifest, &image);
-    let net_conf = manifest.config_value("flanneld-cfg", "net-conf.json");
-    let roots = HostRoot::two(dir.path());
-    // etcd in the underlay holds the network config, as an operator puts it there.
-    let mut c = Cluster::new("ime", 62, 2, Registry::Etcd, &net_conf);
+/// Two nodes whose leases live in etcd (which holds `net_conf`, as an operator puts it there),
+/// each after the image's init step, running flanneld from the image as the etcd-mode DaemonSet
+/// runs it; `what` names their containers in failures.
+fn etcd_nodes_from_the_image<'p>(
+    podman: &'p Podman,
+    manifest: &Manifest,
+    dir: &Path,
+    (prefix, net): (&str, u8),
+    net_conf: &str,
+    what: &str,
+) -> (Cluster, Vec<Container<'p>>) {
+    let roots = HostRoot::two(dir);
+    let mut c = Cluster::new(prefix, net, 2, Registry::Etcd, net_conf);
     for (i, root) in (1..=2).zip(&roots) {
         run_init(
-            &podman,
-            &manifest,
+            podman,
+            manifest,
             &c.node(i).ns,
             &kube_node_name(i),
             root,
@@ -514,27 +516,51 @@ fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
     }
     c = c.plugins_from(&roots[0].bin());
     let etcd = c.etcd_url().unwrap().to_string();
+    let containers = (1..=2)
+        .zip(&roots)
+        .map(|(i, root)| {
+            let pod = flanneld_pod(manifest, &c, i, root)
+                .config_value("flanneld-etcd", "FLANNELD_ETCD_ENDPOINTS", &etcd)
+                .config_value("flanneld-cfg", "net-conf.json", net_conf);
+            start_flanneld(podman, pod, c.node(i), what)
+        })
+        .collect();
+    (c, containers)
+}
 
-    let mut containers = Vec::new();
-    for (i, root) in (1..=2).zip(&roots) {
-        let pod = flanneld_pod(&manifest, &c, i, root).config_value(
-            "flanneld-etcd",
-            "FLANNELD_ETCD_ENDPOINTS",
-            &etcd,
-        );
-        containers.push(start_flanneld(&podman, pod, c.node(i), "etcd"));
-    }
+/// Node `i`'s lease as etcd holds it: parsed, and as written.
+fn lease_in_etcd(c: &Cluster, i: u8) -> (Value, String) {
+    let key = c.node(i).lease_key(T);
+    let value = c.etcdctl(&[
+        "get",
+        "--print-value-only",
+        &format!("{}/subnets/{key}", testkit::cluster::ETCD_PREFIX),
+    ]);
+    let lease = serde_json::from_str(value.trim())
+        .unwrap_or_else(|e| panic!("node {i}'s lease {key} in etcd: {e}: {value:?}"));
+    (lease, value)
+}
+
+#[test]
+fn flanneld_from_the_image_with_leases_in_etcd_as_its_daemonset_runs_it() {
+    let Some((dir, podman, image)) = setup("e2e-image-etcd-") else {
+        return;
+    };
+    let manifest = Manifest::read(ETCD_MODE);
+    assert_manifest_runs(&podman, &manifest, &image);
+    let net_conf = manifest.config_value("flanneld-cfg", "net-conf.json");
+    let (mut c, containers) = etcd_nodes_from_the_image(
+        &podman,
+        &manifest,
+        dir.path(),
+        ("ime", 62),
+        &net_conf,
+        "etcd",
+    );
     for (i, k) in (1..=2).zip(&containers) {
         let node = c.node(i);
         wait_subnet_env(node, k);
-        let key = node.lease_key(T);
-        let value = c.etcdctl(&[
-            "get",
-            "--print-value-only",
-            &format!("{}/subnets/{key}", testkit::cluster::ETCD_PREFIX),
-        ]);
-        let lease: Value = serde_json::from_str(value.trim())
-            .unwrap_or_else(|e| panic!("node {i}'s lease {key} in etcd: {e}: {value:?}"));
+        let (lease, _) = lease_in_etcd(&c, i);
         assert_eq!(lease["PublicIP"], node.ip.as_str(), "node {i}'s lease");
         assert_eq!(lease["BackendType"], "vxlan");
         assert_probes_pass(&manifest, node, k);
@@ -583,39 +609,13 @@ fn flanneld_from_the_image_runs_the_wireguard_backend_s_tunnel() {
         serde_json::from_str(&manifest.config_value("flanneld-cfg", "net-conf.json")).unwrap();
     conf["Backend"] = serde_json::json!({ "Type": "wireguard" });
     let net_conf = conf.to_string();
-    let roots = HostRoot::two(dir.path());
-    let mut c = Cluster::new("imw", 63, 2, Registry::Etcd, &net_conf);
-    for (i, root) in (1..=2).zip(&roots) {
-        run_init(
-            &podman,
-            &manifest,
-            &c.node(i).ns,
-            &kube_node_name(i),
-            root,
-            None,
-        );
-    }
-    c = c.plugins_from(&roots[0].bin());
-    let etcd = c.etcd_url().unwrap().to_string();
-    let mut containers = Vec::new();
-    for (i, root) in (1..=2).zip(&roots) {
-        let pod = flanneld_pod(&manifest, &c, i, root)
-            .config_value("flanneld-etcd", "FLANNELD_ETCD_ENDPOINTS", &etcd)
-            .config_value("flanneld-cfg", "net-conf.json", &net_conf);
-        containers.push(start_flanneld(&podman, pod, c.node(i), "wg"));
-    }
+    let (mut c, containers) =
+        etcd_nodes_from_the_image(&podman, &manifest, dir.path(), ("imw", 63), &net_conf, "wg");
     let network = conf["Network"].as_str().unwrap().to_string();
     for (i, k) in (1..=2).zip(&containers) {
         let node = c.node(i);
         wait_subnet_env(node, k);
-        let key = node.lease_key(T);
-        let value = c.etcdctl(&[
-            "get",
-            "--print-value-only",
-            &format!("{}/subnets/{key}", testkit::cluster::ETCD_PREFIX),
-        ]);
-        let lease: Value = serde_json::from_str(value.trim())
-            .unwrap_or_else(|e| panic!("node {i}'s lease {key} in etcd: {e}: {value:?}"));
+        let (lease, value) = lease_in_etcd(&c, i);
         assert_eq!(lease["BackendType"], "wireguard", "{value}");
         assert_eq!(lease["BackendData"]["Port"], 51820, "{value}");
         assert_eq!(
