@@ -98,48 +98,10 @@ stop_tunnels() {
     ip -n $nsb link del "$2" 2>/dev/null || true
 }
 
-# One iperf3 run from pod a to pod b: prints Gbit/s, the tunnel processes' CPU s per Gbit, and
-# iperf3's and the whole machine's busy share of all cores.
+# One iperf3 run from pod a to pod b: Gbit/s, the tunnel processes' CPU s per Gbit, iperf3's
+# and the whole machine's busy share of all cores (scripts/iperf_cpu.py, as bench-udp.sh).
 measure() {
-    python3 - "$pa" "$pb" "$secs" "${pids[@]}" <<'PY'
-import json, os, subprocess, sys, time
-pa, pb, secs, tunnels = sys.argv[1], sys.argv[2], float(sys.argv[3]), [int(p) for p in sys.argv[4:]]
-hz = os.sysconf("SC_CLK_TCK")
-ncpu = os.cpu_count()
-def ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-def busy():
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    idle = cpu[3] + cpu[4]
-    return sum(cpu[:8]) - idle, sum(cpu[:8])
-def run(ns, args):
-    return subprocess.Popen(["ip", "netns", "exec", ns, "iperf3", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-server = run(pb, ["-s", "-1", "-B", "10.77.2.2"])
-time.sleep(0.3)
-t0 = [ticks(p) for p in tunnels]
-b0, a0 = busy()
-w0 = time.monotonic()
-client = run(pa, ["-c", "10.77.2.2", "-t", str(secs), "-J"])
-out, _ = client.communicate()
-wall = time.monotonic() - w0
-b1, a1 = busy()
-t1 = [ticks(p) for p in tunnels]
-server.wait(timeout=30)
-res = json.loads(out)
-bps = res["end"]["sum_received"]["bits_per_second"]
-gbit = bps * secs / 1e9
-cpu_client = res["end"]["cpu_utilization_percent"]["host_total"] / 100 * secs
-cpu_server = res["end"]["cpu_utilization_percent"]["remote_total"] / 100 * secs
-tunnel_cpu = sum(b - a for a, b in zip(t0, t1)) / hz
-per_gbit = f"{tunnel_cpu / gbit:.3f}" if tunnels else "-"
-iperf_share = (cpu_client + cpu_server) / (secs * ncpu)
-machine = (b1 - b0) / (a1 - a0) if a1 > a0 else 0
-print(f"{bps / 1e9:8.3f} {per_gbit:>10} {100 * iperf_share:9.0f}% {100 * machine:9.0f}%")
-PY
+    scripts/iperf_cpu.py "$pa" "$pb" 10.77.2.2 "$secs" "${pids[@]}"
 }
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
