@@ -8,6 +8,7 @@ pub mod firewall;
 pub mod netlink;
 pub mod netns;
 pub mod nft_commits;
+pub mod nft_elements;
 pub mod procsys;
 pub mod sysctl;
 

@@ -13,7 +13,7 @@ use nix::sys::socket::{
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// nfnetlink's subsystem of nf_tables, in a message type's high byte.
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// The multicast group of nf_tables' notifications.
 const NFNLGRP_NFTABLES: u32 = 7;
 const NFT_MSG_NEWGEN: u16 = 15;
@@ -21,8 +21,8 @@ const NFT_MSG_NEWGEN: u16 = 15;
 const NFTA_GEN_PROC_PID: u16 = 2;
 /// Every other notification's first attribute: the table's name.
 const NFTA_TABLE: u16 = 1;
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NFGENMSG_LEN: usize = 4;
 /// The receive buffer asked for: a commit of many elements announces each of them.
 const RCVBUF: libc::c_int = 8 << 20;
 
@@ -46,7 +46,7 @@ pub struct TableCommits {
     touched: bool,
 }
 
-fn family_number(family: &str) -> Option<u8> {
+pub(crate) fn family_number(family: &str) -> Option<u8> {
     match family {
         "inet" => Some(1),
         "ip" => Some(2),
