@@ -1,8 +1,9 @@
 //! The enforcer's state and its pass, level-triggered: the objects as last listed or watched,
 //! what the kernel's table holds (read back, or as last written), and a pass that compiles the
 //! policies, diffs what the table should hold against what it holds and writes the difference
-//! as one transaction. A pass is the same at start, after an event, after someone else changed
-//! the table, and at a resync: an event is only a reason to look again.
+//! (its elements in one nfnetlink batch; new chains, changed rules and removals around it
+//! through `nft`). A pass is the same at start, after an event, after someone else changed the
+//! table, and at a resync: an event is only a reason to look again.
 //!
 //! Nothing is written before every kind has been listed once: a restart keeps the table as it
 //! was until the enforcer knows the whole cluster again. While the API server is unreachable
@@ -10,7 +11,7 @@
 
 use crate::compile::{compile, Compiled, Direction, Problem};
 use crate::model::{Namespace, NetworkPolicy, Pod};
-use crate::nft::{desired, transaction, Table};
+use crate::nft::{desired, plan, Plan, Table};
 use crate::objects::{Change, Objects};
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -27,8 +28,8 @@ pub enum Update {
 pub trait Kernel {
     /// The table as the kernel holds it; None when there is none.
     fn read(&mut self) -> Result<Option<Table>, String>;
-    /// Applies one transaction; the id of the process that committed it.
-    fn write(&mut self, transaction: &str) -> Result<Option<u32>, String>;
+    /// Writes the difference; the ids the kernel announces its commits with.
+    fn write(&mut self, plan: &Plan) -> Result<Vec<u32>, String>;
 }
 
 /// What a pass did.
@@ -180,22 +181,17 @@ impl Enforcer {
             }
         };
         out.read_in = start.elapsed();
-        if let Some(tx) = transaction(&want, held.as_ref()) {
-            out.wrote = tx.lines().count();
+        if let Some(plan) = plan(&want, held.as_ref()) {
+            out.wrote = plan.lines();
             let start = Instant::now();
-            let written = kernel.write(&tx);
+            let written = kernel.write(&plan);
             out.written_in = start.elapsed();
             self.last_write = Some(Instant::now());
-            match written {
-                Ok(pid) => {
-                    if let Some(p) = pid {
-                        self.own_commits.push_back(p);
-                        if self.own_commits.len() > OWN_COMMITS {
-                            self.own_commits.pop_front();
-                        }
-                    }
+            for p in written? {
+                self.own_commits.push_back(p);
+                if self.own_commits.len() > OWN_COMMITS {
+                    self.own_commits.pop_front();
                 }
-                Err(e) => return Err(e),
             }
         }
         self.held = Some(Some(want));
@@ -290,12 +286,12 @@ mod tests {
             self.reads += 1;
             Ok(self.table.clone())
         }
-        fn write(&mut self, tx: &str) -> Result<Option<u32>, String> {
+        fn write(&mut self, plan: &Plan) -> Result<Vec<u32>, String> {
             if self.fail {
                 return Err("nft said no".into());
             }
-            self.writes.push(tx.to_string());
-            Ok(Some(4242))
+            self.writes.push(plan.text());
+            Ok(vec![4242])
         }
     }
 

@@ -1,7 +1,7 @@
 //! flannel-netpol: NetworkPolicy (networking.k8s.io/v1) for the pods of one node of a flannel
 //! cluster, decided in the kernel: the policies compiled into nftables sets and verdict maps of
-//! a table of its own, kept equal to what the cluster's objects say by one transaction per
-//! change.
+//! a table of its own, kept equal to what the cluster's objects say by writing the difference
+//! at each change (its elements in one nfnetlink batch).
 
 pub mod bridge;
 pub mod compile;

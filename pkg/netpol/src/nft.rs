@@ -20,6 +20,7 @@
 
 use crate::compile::{Compiled, Direction, LocalPod};
 use crate::ranges::{addr_value, by_services, Family, Service};
+pub use cni_kernel::nft_elements::Element;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -257,6 +258,57 @@ fn base_chains(chains: &mut BTreeMap<String, Chain>) {
     );
 }
 
+/// What the table holds for one pod: its chains, its sets, and its maps' jumps.
+#[derive(Debug, Clone, Default)]
+struct Fragment {
+    chains: Vec<(String, Chain)>,
+    sets: Vec<(String, Set)>,
+    /// (map, address, chain).
+    jumps: Vec<(String, u128, String)>,
+}
+
+fn fragment(pod: &LocalPod) -> Fragment {
+    let mut out = Fragment::default();
+    let id = pod_id(pod);
+    for d in Direction::BOTH {
+        let Some(iso) = pod.isolation(d) else {
+            continue;
+        };
+        let chain = chain_name(d, &id);
+        let mut rules = Vec::new();
+        for f in pod.families() {
+            let elems = iso.allowed.get(&f).map(Vec::as_slice).unwrap_or_default();
+            for (services, addrs) in by_services(elems) {
+                let set = set_name(d, f, &id, &services);
+                rules.push(Rule::new(
+                    &format!("allow{}", f.digit()),
+                    format!(
+                        "{} {} @{set}{} return",
+                        ip_word(f),
+                        peer_field(d),
+                        services_match(&services)
+                    ),
+                ));
+                out.sets.push((
+                    set,
+                    Set {
+                        family: f,
+                        elems: addrs.iter().collect(),
+                        foreign: 0,
+                    },
+                ));
+            }
+        }
+        rules.push(Rule::new("deny", "counter drop".into()));
+        for ip in &pod.ips {
+            out.jumps
+                .push((map_name(d, Family::of(ip)), addr_value(ip), chain.clone()));
+        }
+        out.chains.push((chain, Chain { base: None, rules }));
+    }
+    out
+}
+
 /// What the table should hold for `compiled`.
 pub fn desired(compiled: &Compiled) -> Table {
     let mut t = Table::default();
@@ -274,43 +326,13 @@ pub fn desired(compiled: &Compiled) -> Table {
         }
     }
     for pod in &compiled.pods {
-        let id = pod_id(pod);
-        for d in Direction::BOTH {
-            let Some(iso) = pod.isolation(d) else {
-                continue;
-            };
-            let chain = chain_name(d, &id);
-            let mut rules = Vec::new();
-            for f in pod.families() {
-                let elems = iso.allowed.get(&f).map(Vec::as_slice).unwrap_or_default();
-                for (services, addrs) in by_services(elems) {
-                    let set = set_name(d, f, &id, &services);
-                    rules.push(Rule::new(
-                        &format!("allow{}", f.digit()),
-                        format!(
-                            "{} {} @{set}{} return",
-                            ip_word(f),
-                            peer_field(d),
-                            services_match(&services)
-                        ),
-                    ));
-                    t.sets.insert(
-                        set,
-                        Set {
-                            family: f,
-                            elems: addrs.iter().collect(),
-                            foreign: 0,
-                        },
-                    );
-                }
+        let part = fragment(pod);
+        t.chains.extend(part.chains);
+        t.sets.extend(part.sets);
+        for (map, addr, chain) in part.jumps {
+            if let Some(m) = t.maps.get_mut(&map) {
+                m.elems.insert(addr, chain);
             }
-            rules.push(Rule::new("deny", "counter drop".into()));
-            for ip in &pod.ips {
-                if let Some(m) = t.maps.get_mut(&map_name(d, Family::of(ip))) {
-                    m.elems.insert(addr_value(ip), chain.clone());
-                }
-            }
-            t.chains.insert(chain, Chain { base: None, rules });
         }
     }
     t
@@ -328,28 +350,139 @@ pub fn elem_text(f: Family, (lo, hi): &(u128, u128)) -> String {
     range_text(f.addr(*lo), f.addr(*hi))
 }
 
-fn add_elements<I: IntoIterator<Item = String>>(out: &mut String, verb: &str, set: &str, elems: I) {
-    let elems: Vec<String> = elems.into_iter().collect();
-    for chunk in elems.chunks(CHUNK) {
-        let _ = writeln!(
-            out,
-            "{verb} element inet {TABLE} {set} {{ {} }}",
-            chunk.join(", ")
-        );
+/// A change to the elements of one set or map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Elements {
+    pub name: String,
+    pub add: bool,
+    pub elems: Vec<Element>,
+}
+
+/// How a difference is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// One `nft -f` transaction: the table written afresh, or mended where elements of
+    /// another form were found in it.
+    Whole(String),
+    /// `nft -f` of the new chains, which nothing jumps to yet, and the sets they use; then one
+    /// batch of the other new sets and every element change (the maps' jumps with the sets
+    /// they lead to); then `nft -f` of the changed chains' rules and of what nothing uses any
+    /// more. Only `nft`'s writing of elements reads all of the table's first: it is left out.
+    Steps {
+        before: String,
+        /// Sets the batch makes (empty) before its elements.
+        sets: Vec<(String, Family)>,
+        elements: Vec<Elements>,
+        after: String,
+    },
+}
+
+fn element_text(e: &Element, add: bool) -> String {
+    match e {
+        Element::Range(lo, hi) => range_text(*lo, *hi),
+        Element::Jump(a, c) if add => format!("{a} : jump {c}"),
+        Element::Jump(a, _) => a.to_string(),
     }
 }
 
-fn write_set(out: &mut String, name: &str, s: &Set) {
+impl Plan {
+    /// The same as one `nft -f` transaction.
+    pub fn text(&self) -> String {
+        match self {
+            Plan::Whole(t) => t.clone(),
+            Plan::Steps {
+                before,
+                sets,
+                elements,
+                after,
+            } => {
+                let mut out = before.clone();
+                for (name, family) in sets {
+                    write_set(&mut out, name, *family);
+                }
+                write_elements(&mut out, elements);
+                out.push_str(after);
+                out
+            }
+        }
+    }
+
+    /// Lines of `text`, without writing it.
+    pub fn lines(&self) -> usize {
+        match self {
+            Plan::Whole(t) => t.lines().count(),
+            Plan::Steps {
+                before,
+                sets,
+                elements,
+                after,
+            } => {
+                before.lines().count()
+                    + sets.len()
+                    + elements
+                        .iter()
+                        .map(|e| e.elems.len().div_ceil(CHUNK))
+                        .sum::<usize>()
+                    + after.lines().count()
+            }
+        }
+    }
+}
+
+fn write_elements(out: &mut String, elements: &[Elements]) {
+    for e in elements {
+        let verb = if e.add { "add" } else { "delete" };
+        for chunk in e.elems.chunks(CHUNK) {
+            let text: Vec<String> = chunk.iter().map(|x| element_text(x, e.add)).collect();
+            let _ = writeln!(
+                out,
+                "{verb} element inet {TABLE} {} {{ {} }}",
+                e.name,
+                text.join(", ")
+            );
+        }
+    }
+}
+
+fn set_elements<'a>(
+    name: &str,
+    add: bool,
+    f: Family,
+    elems: impl IntoIterator<Item = &'a (u128, u128)>,
+) -> Option<Elements> {
+    let elems: Vec<Element> = elems
+        .into_iter()
+        .map(|(lo, hi)| Element::Range(f.addr(*lo), f.addr(*hi)))
+        .collect();
+    (!elems.is_empty()).then(|| Elements {
+        name: name.to_string(),
+        add,
+        elems,
+    })
+}
+
+fn map_elements<'a>(
+    name: &str,
+    add: bool,
+    f: Family,
+    elems: impl IntoIterator<Item = (&'a u128, &'a String)>,
+) -> Option<Elements> {
+    let elems: Vec<Element> = elems
+        .into_iter()
+        .map(|(a, c)| Element::Jump(f.addr(*a), c.clone()))
+        .collect();
+    (!elems.is_empty()).then(|| Elements {
+        name: name.to_string(),
+        add,
+        elems,
+    })
+}
+
+fn write_set(out: &mut String, name: &str, family: Family) {
     let _ = writeln!(
         out,
         "add set inet {TABLE} {name} {{ type {}; flags interval; }}",
-        addr_type(s.family)
-    );
-    add_elements(
-        out,
-        "add",
-        name,
-        s.elems.iter().map(|e| elem_text(s.family, e)),
+        addr_type(family)
     );
 }
 
@@ -379,22 +512,9 @@ fn write_rules(out: &mut String, name: &str, c: &Chain) {
     }
 }
 
-fn map_elems<'a>(
-    f: Family,
-    elems: impl IntoIterator<Item = (&'a u128, &'a String)>,
-) -> Vec<String> {
-    elems
-        .into_iter()
-        .map(|(a, c)| format!("{} : jump {c}", f.addr(*a)))
-        .collect()
-}
-
-/// The whole table, written afresh: `delete` first when one is there.
-pub fn full(t: &Table, replace: bool) -> String {
+/// The whole table, its shape (sets and maps empty) and then its elements.
+fn whole(t: &Table) -> (String, Vec<Elements>) {
     let mut out = String::new();
-    if replace {
-        let _ = writeln!(out, "delete table inet {TABLE}");
-    }
     let _ = writeln!(out, "add table inet {TABLE}");
     for (name, m) in &t.maps {
         let _ = writeln!(
@@ -404,7 +524,7 @@ pub fn full(t: &Table, replace: bool) -> String {
         );
     }
     for (name, s) in &t.sets {
-        write_set(&mut out, name, s);
+        write_set(&mut out, name, s.family);
     }
     for (name, c) in t.chains.iter().filter(|(_, c)| c.base.is_none()) {
         write_chain(&mut out, name, c);
@@ -412,9 +532,26 @@ pub fn full(t: &Table, replace: bool) -> String {
     for (name, c) in t.chains.iter().filter(|(_, c)| c.base.is_some()) {
         write_chain(&mut out, name, c);
     }
-    for (name, m) in &t.maps {
-        add_elements(&mut out, "add", name, map_elems(m.family, &m.elems));
+    let sets = t
+        .sets
+        .iter()
+        .filter_map(|(name, s)| set_elements(name, true, s.family, &s.elems));
+    let maps = t
+        .maps
+        .iter()
+        .filter_map(|(name, m)| map_elements(name, true, m.family, &m.elems));
+    (out, sets.chain(maps).collect())
+}
+
+/// The whole table as one transaction: `delete` first when one is there.
+pub fn full(t: &Table, replace: bool) -> String {
+    let mut out = String::new();
+    if replace {
+        let _ = writeln!(out, "delete table inet {TABLE}");
     }
+    let (shape, elements) = whole(t);
+    out.push_str(&shape);
+    write_elements(&mut out, &elements);
     out
 }
 
@@ -440,30 +577,49 @@ fn same_shape(want: &Table, have: &Table) -> bool {
     bases(want) == bases(have) && map_types(want) == map_types(have) && set_types_agree
 }
 
-/// The one transaction that makes `have` (None: no table) into `want`; None when they are
-/// equal already.
-pub fn transaction(want: &Table, have: Option<&Table>) -> Option<String> {
+/// How to make `have` (None: no table) into `want`; None when they are equal already.
+pub fn plan(want: &Table, have: Option<&Table>) -> Option<Plan> {
     let Some(have) = have else {
-        return Some(full(want, false));
+        let (before, elements) = whole(want);
+        return Some(Plan::Steps {
+            before,
+            sets: Vec::new(),
+            elements,
+            after: String::new(),
+        });
     };
     if !same_shape(want, have) {
-        return Some(full(want, true));
+        return Some(Plan::Whole(full(want, true)));
     }
-    let mut out = String::new();
-    // New sets, then the new chains that use them.
+    let mut before = String::new();
+    let mut elements = Vec::new();
+    let mut after = String::new();
+    // Elements of another form are flushed with the rest: then one transaction for all.
+    let mut flushed = false;
+    // New sets in the batch, before their elements; but where there are new chains, which
+    // the batch's jumps lead to, made before it, with the new sets (those they use among them).
+    let mut sets = Vec::new();
     for (name, s) in want
         .sets
         .iter()
         .filter(|(n, _)| !have.sets.contains_key(*n))
     {
-        write_set(&mut out, name, s);
+        sets.push((name.clone(), s.family));
+        elements.extend(set_elements(name, true, s.family, &s.elems));
     }
     for (name, c) in want
         .chains
         .iter()
         .filter(|(n, _)| !have.chains.contains_key(*n))
     {
-        write_chain(&mut out, name, c);
+        write_chain(&mut before, name, c);
+    }
+    if !before.is_empty() {
+        let mut with_sets = String::new();
+        for (name, family) in sets.drain(..) {
+            write_set(&mut with_sets, &name, family);
+        }
+        before.insert_str(0, &with_sets);
     }
     // Elements of the sets both have.
     for (name, s) in &want.sets {
@@ -471,28 +627,24 @@ pub fn transaction(want: &Table, have: Option<&Table>) -> Option<String> {
             continue;
         };
         if h.foreign > 0 {
-            let _ = writeln!(out, "flush set inet {TABLE} {name}");
-            add_elements(
-                &mut out,
-                "add",
-                name,
-                s.elems.iter().map(|e| elem_text(s.family, e)),
-            );
+            let _ = writeln!(before, "flush set inet {TABLE} {name}");
+            flushed = true;
+            elements.extend(set_elements(name, true, s.family, &s.elems));
             continue;
         }
         // Stale ones first: an element that grew must not meet its old self.
-        add_elements(
-            &mut out,
-            "delete",
+        elements.extend(set_elements(
             name,
-            h.elems.difference(&s.elems).map(|e| elem_text(s.family, e)),
-        );
-        add_elements(
-            &mut out,
-            "add",
+            false,
+            s.family,
+            h.elems.difference(&s.elems),
+        ));
+        elements.extend(set_elements(
             name,
-            s.elems.difference(&h.elems).map(|e| elem_text(s.family, e)),
-        );
+            true,
+            s.family,
+            s.elems.difference(&h.elems),
+        ));
     }
     // The maps: jumps to new chains in, jumps to going ones out.
     for (name, m) in &want.maps {
@@ -500,19 +652,15 @@ pub fn transaction(want: &Table, have: Option<&Table>) -> Option<String> {
             continue;
         };
         if h.foreign > 0 {
-            let _ = writeln!(out, "flush map inet {TABLE} {name}");
-            add_elements(&mut out, "add", name, map_elems(m.family, &m.elems));
+            let _ = writeln!(before, "flush map inet {TABLE} {name}");
+            flushed = true;
+            elements.extend(map_elements(name, true, m.family, &m.elems));
             continue;
         }
-        let stale: Vec<String> = h
-            .elems
-            .iter()
-            .filter(|(a, c)| m.elems.get(a) != Some(c))
-            .map(|(a, _)| m.family.addr(*a).to_string())
-            .collect();
-        add_elements(&mut out, "delete", name, stale);
+        let stale = h.elems.iter().filter(|(a, c)| m.elems.get(a) != Some(c));
+        elements.extend(map_elements(name, false, m.family, stale));
         let fresh = m.elems.iter().filter(|(a, c)| h.elems.get(a) != Some(c));
-        add_elements(&mut out, "add", name, map_elems(m.family, fresh));
+        elements.extend(map_elements(name, true, m.family, fresh));
     }
     // Chains both have whose rules differ.
     for (name, c) in &want.chains {
@@ -521,19 +669,38 @@ pub fn transaction(want: &Table, have: Option<&Table>) -> Option<String> {
             .get(name)
             .is_some_and(|h| h.comments() != c.comments())
         {
-            let _ = writeln!(out, "flush chain inet {TABLE} {name}");
-            write_rules(&mut out, name, c);
+            let _ = writeln!(after, "flush chain inet {TABLE} {name}");
+            write_rules(&mut after, name, c);
         }
     }
     // What is no longer wanted, after nothing jumps to it or uses it.
     for name in have.chains.keys().filter(|n| !want.chains.contains_key(*n)) {
-        let _ = writeln!(out, "flush chain inet {TABLE} {name}");
-        let _ = writeln!(out, "delete chain inet {TABLE} {name}");
+        let _ = writeln!(after, "flush chain inet {TABLE} {name}");
+        let _ = writeln!(after, "delete chain inet {TABLE} {name}");
     }
     for name in have.sets.keys().filter(|n| !want.sets.contains_key(*n)) {
-        let _ = writeln!(out, "delete set inet {TABLE} {name}");
+        let _ = writeln!(after, "delete set inet {TABLE} {name}");
     }
-    (!out.is_empty()).then_some(out)
+    if before.is_empty() && sets.is_empty() && elements.is_empty() && after.is_empty() {
+        return None;
+    }
+    let steps = Plan::Steps {
+        before,
+        sets,
+        elements,
+        after,
+    };
+    Some(if flushed {
+        Plan::Whole(steps.text())
+    } else {
+        steps
+    })
+}
+
+/// The one transaction that makes `have` (None: no table) into `want`; None when they are
+/// equal already.
+pub fn transaction(want: &Table, have: Option<&Table>) -> Option<String> {
+    plan(want, have).map(|p| p.text())
 }
 
 fn family_of_type(t: &str) -> Option<Family> {
@@ -999,5 +1166,112 @@ mod tests {
             t.foreign,
             ["set other of type [\"ipv4_addr\", \"inet_service\"]"]
         );
+    }
+
+    #[test]
+    fn elements_go_apart_from_the_shape_new_sets_before_them_rules_and_removals_after() {
+        let want = desired(&compiled());
+        // From no table: the shape with empty sets and maps, then every element.
+        let Some(Plan::Steps {
+            before,
+            elements,
+            after,
+            ..
+        }) = plan(&want, None)
+        else {
+            panic!("steps from no table");
+        };
+        assert!(
+            before.starts_with("add table inet flannel-netpol\n"),
+            "{before}"
+        );
+        assert!(!before.contains("element"), "{before}");
+        assert!(after.is_empty());
+        let names: Vec<&str> = elements.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, [tcp80().as_str(), &any(), "ingress4", "ingress6"]);
+        let have = listed(&want).table;
+        // Only an element changed: no `nft` at all.
+        let mut c = compiled();
+        c.pods[0].ingress.as_mut().unwrap().allowed.insert(
+            Family::V4,
+            vec![elem("10.0.2.0", "10.0.3.255", Service::ports(6, 80, 80))],
+        );
+        let range = |lo: &str, hi: &str| Element::Range(lo.parse().unwrap(), hi.parse().unwrap());
+        assert_eq!(
+            plan(&desired(&c), Some(&have)),
+            Some(Plan::Steps {
+                before: String::new(),
+                sets: vec![],
+                elements: vec![
+                    Elements {
+                        name: tcp80(),
+                        add: false,
+                        elems: vec![range("10.0.2.0", "10.0.2.255")]
+                    },
+                    Elements {
+                        name: tcp80(),
+                        add: true,
+                        elems: vec![range("10.0.2.0", "10.0.3.255")]
+                    },
+                ],
+                after: String::new(),
+            })
+        );
+        // Another group of services: its set made and filled in the batch, the chain's rules
+        // and the old set's removal after.
+        let mut c = compiled();
+        c.pods[0].ingress.as_mut().unwrap().allowed.insert(
+            Family::V4,
+            vec![elem("10.0.2.0", "10.0.2.255", Service::ports(6, 81, 81))],
+        );
+        let Some(Plan::Steps {
+            before,
+            sets,
+            elements,
+            after,
+        }) = plan(&desired(&c), Some(&have))
+        else {
+            panic!("steps");
+        };
+        assert_eq!(before, "");
+        let tcp81 = set_name(
+            Direction::Ingress,
+            Family::V4,
+            "u-1",
+            &[Service::ports(6, 81, 81)],
+        );
+        assert_eq!(sets, [(tcp81.clone(), Family::V4)]);
+        assert_eq!(elements.len(), 1);
+        assert_eq!(elements[0].name, tcp81);
+        assert!(
+            after.starts_with("flush chain inet flannel-netpol ingress-u-1\n"),
+            "{after}"
+        );
+        assert!(after.ends_with(&format!("delete set inet flannel-netpol {}\n", tcp80())));
+        // A new chain (egress isolation): made before the batch, with the sets it uses.
+        let mut c = compiled();
+        c.pods[0].egress = Some(Isolation {
+            policies: vec!["x/q".into()],
+            allowed: BTreeMap::from([(
+                Family::V4,
+                vec![elem("10.9.0.0", "10.9.0.0", Service::ANY)],
+            )]),
+        });
+        let Some(Plan::Steps { before, sets, .. }) = plan(&desired(&c), Some(&have)) else {
+            panic!("steps");
+        };
+        assert!(sets.is_empty());
+        assert!(
+            before.starts_with("add set inet flannel-netpol egress4-u-1-"),
+            "{before}"
+        );
+        assert!(
+            before.contains("add chain inet flannel-netpol egress-u-1\n"),
+            "{before}"
+        );
+        // Elements of another form are flushed: one transaction.
+        let mut odd = have.clone();
+        odd.sets.get_mut(&any()).unwrap().foreign = 1;
+        assert!(matches!(plan(&want, Some(&odd)), Some(Plan::Whole(_))));
     }
 }
