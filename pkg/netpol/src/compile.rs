@@ -16,12 +16,12 @@
 //! kernel's conntrack lets them back).
 
 use crate::model::{NetworkPolicy, Peer, Pod, PolicyPort, PortRef, Rule};
-use crate::objects::Objects;
+use crate::objects::{Key, Objects};
 use crate::ranges::{
     addr_value, disjoint, parse_cidr, AllowBox, Bounds, Elem, Family, Ranges, Service,
 };
 use crate::selector::Selector;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -153,9 +153,9 @@ struct RuleSpec {
 }
 
 #[derive(Debug, Clone)]
-struct PolicySpec<'a> {
+struct PolicySpec {
     key: String,
-    namespace: &'a str,
+    namespace: String,
     /// None when the podSelector is one the API server refuses: it selects nothing.
     selector: Option<Selector>,
     rules: [Option<Vec<RuleSpec>>; 2],
@@ -291,7 +291,7 @@ fn parse_rule(rule: &Rule, problems: &mut Vec<String>, at: &str) -> RuleSpec {
     RuleSpec { peers, ports }
 }
 
-fn parse_policy<'a>(p: &'a NetworkPolicy, problems: &mut Vec<Problem>) -> PolicySpec<'a> {
+fn parse_policy(p: &NetworkPolicy, problems: &mut Vec<Problem>) -> PolicySpec {
     let key = format!("{}/{}", p.metadata.namespace, p.metadata.name);
     let mut said = Vec::new();
     let selector = Selector::parse(&p.spec.pod_selector)
@@ -327,7 +327,7 @@ fn parse_policy<'a>(p: &'a NetworkPolicy, problems: &mut Vec<Problem>) -> Policy
     }));
     PolicySpec {
         key,
-        namespace: &p.metadata.namespace,
+        namespace: p.metadata.namespace.clone(),
         selector,
         rules,
     }
@@ -341,15 +341,25 @@ struct View<'a> {
     all_pods: Vec<&'a Pod>,
 }
 
+/// A namespace's labels as selectors see them: with its name's label, also when the
+/// namespace is not (yet) known.
+fn labels_of_namespace(objects: &Objects, name: &str) -> crate::model::Labels {
+    let mut labels = objects
+        .namespaces
+        .get(name)
+        .map(|ns| ns.metadata.labels.clone())
+        .unwrap_or_default();
+    labels
+        .entry(NAMESPACE_NAME_LABEL.to_string())
+        .or_insert_with(|| name.to_string());
+    labels
+}
+
 impl<'a> View<'a> {
     fn new(objects: &'a Objects) -> View<'a> {
         let mut namespace_labels: BTreeMap<&str, crate::model::Labels> = BTreeMap::new();
-        for (name, ns) in &objects.namespaces {
-            let mut labels = ns.metadata.labels.clone();
-            labels
-                .entry(NAMESPACE_NAME_LABEL.to_string())
-                .or_insert_with(|| name.clone());
-            namespace_labels.insert(name, labels);
+        for name in objects.namespaces.keys() {
+            namespace_labels.insert(name, labels_of_namespace(objects, name));
         }
         let mut pods_by_namespace: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
         let mut all_pods = Vec::new();
@@ -399,9 +409,11 @@ impl<'a> View<'a> {
 
 /// A rule's peers resolved: their addresses per family, and the pods among them (the pods
 /// selectors chose, and for address peers every pod inside them), for named egress ports.
-struct Resolved<'a> {
+struct Resolved {
     addrs: BTreeMap<Family, Ranges>,
-    pods: Vec<&'a Pod>,
+    /// Whether `pods` was wanted: then every pod's change may change it.
+    want_pods: bool,
+    pods: Vec<Key>,
 }
 
 fn everything() -> BTreeMap<Family, Ranges> {
@@ -428,7 +440,7 @@ fn to_ranges(raw: BTreeMap<Family, Bounds>) -> BTreeMap<Family, Ranges> {
         .collect()
 }
 
-fn resolve<'a>(view: &View<'a>, namespace: &str, rule: &RuleSpec, want_pods: bool) -> Resolved<'a> {
+fn resolve(view: &View, namespace: &str, rule: &RuleSpec, want_pods: bool) -> Resolved {
     let mut raw: BTreeMap<Family, Bounds> = BTreeMap::new();
     let mut pods: Vec<&Pod> = Vec::new();
     match &rule.peers {
@@ -477,7 +489,15 @@ fn resolve<'a>(view: &View<'a>, namespace: &str, rule: &RuleSpec, want_pods: boo
         });
         pods.dedup_by(|a, b| std::ptr::eq(*a, *b));
     }
-    Resolved { addrs, pods }
+    let pods = pods
+        .into_iter()
+        .map(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()))
+        .collect();
+    Resolved {
+        addrs,
+        want_pods,
+        pods,
+    }
 }
 
 fn named_services(pod: &Pod, proto: u8, name: &str) -> Vec<Service> {
@@ -496,6 +516,7 @@ fn named_services(pod: &Pod, proto: u8, name: &str) -> Vec<Service> {
 fn rule_boxes(
     rule: &RuleSpec,
     resolved: &Resolved,
+    objects: &Objects,
     pod: &Pod,
     d: Direction,
 ) -> Vec<(Family, AllowBox)> {
@@ -525,7 +546,7 @@ fn rule_boxes(
                 services.extend(named_services(pod, *proto, name))
             }
             (PortSpec::Named { proto, name }, Direction::Egress) => {
-                for q in &resolved.pods {
+                for q in resolved.pods.iter().filter_map(|k| objects.pods.get(k)) {
                     let s = named_services(q, *proto, name);
                     if s.is_empty() {
                         continue;
@@ -545,99 +566,214 @@ fn rule_boxes(
 
 /// Compiles what the cluster's policies say for the pods of `node`.
 pub fn compile(objects: &Objects, node: &str) -> Compiled {
-    let view = View::new(objects);
-    let mut problems = Vec::new();
-    let specs: Vec<PolicySpec> = objects
-        .policies
-        .values()
-        .map(|p| parse_policy(p, &mut problems))
-        .collect();
-    let mut by_namespace: HashMap<&str, Vec<usize>> = HashMap::new();
-    for (i, s) in specs.iter().enumerate() {
-        by_namespace.entry(s.namespace).or_default().push(i);
+    Compiler::default().compile(objects, node)
+}
+
+/// A rule's peers, resolved once for every pod its policy selects: (policy, direction, rule).
+type RuleKey = (Key, usize, usize);
+
+/// Compilations one after another, each keeping what the next can reuse: the policies parsed,
+/// their rules' peers resolved and the node's pods compiled. A change drops what it can touch
+/// (told before the objects take it in), so that after one event only that is compiled again;
+/// a namespace's change or a new listing drops everything.
+#[derive(Default)]
+pub struct Compiler {
+    specs: BTreeMap<Key, (PolicySpec, Vec<Problem>)>,
+    resolved: HashMap<RuleKey, Resolved>,
+    pods: BTreeMap<Key, LocalPod>,
+    /// Local pods to compile again, and namespaces whose local pods all are.
+    dirty: BTreeSet<Key>,
+    dirty_namespaces: BTreeSet<String>,
+}
+
+fn key_of(meta: &crate::model::Meta) -> Key {
+    (meta.namespace.clone(), meta.name.clone())
+}
+
+impl Compiler {
+    /// Everything is compiled again next time.
+    pub fn forget(&mut self) {
+        *self = Compiler::default();
     }
-    // Peers resolved once per rule, for every pod the rule's policy selects.
-    let mut resolved: HashMap<(usize, usize, usize), Resolved> = HashMap::new();
-    let mut pods = Vec::new();
-    for pod in objects.pods.values() {
-        if pod.spec.node_name != node || !pod.is_policy_pod() {
-            continue;
+
+    /// The policy `key` was made, changed or deleted.
+    pub fn policy_changed(&mut self, key: &Key) {
+        self.specs.remove(key);
+        self.resolved.retain(|(k, _, _), _| k != key);
+        self.dirty_namespaces.insert(key.0.clone());
+    }
+
+    /// A pod changed from `old` to `new` (None: absent); `objects` as they were before.
+    pub fn pod_changed(
+        &mut self,
+        objects: &Objects,
+        node: &str,
+        old: Option<&Pod>,
+        new: Option<&Pod>,
+    ) {
+        let versions: Vec<&Pod> = [old, new].into_iter().flatten().collect();
+        for p in &versions {
+            if p.spec.node_name == node {
+                self.dirty.insert(key_of(&p.metadata));
+            }
         }
-        let selecting: Vec<usize> = by_namespace
-            .get(pod.metadata.namespace.as_str())
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|&i| {
-                specs[i]
-                    .selector
-                    .as_ref()
-                    .is_some_and(|s| s.matches(&pod.metadata.labels))
-            })
+        let peers: Vec<(&Pod, crate::model::Labels)> = versions
+            .iter()
+            .filter(|p| p.is_policy_pod())
+            .map(|p| (*p, labels_of_namespace(objects, &p.metadata.namespace)))
             .collect();
-        let families: Vec<Family> = {
-            let mut f: Vec<Family> = pod.ips().iter().map(Family::of).collect();
-            f.sort();
-            f.dedup();
-            f
-        };
-        let mut isolation = |d: Direction| -> Option<Isolation> {
-            let di = dir_index(d);
-            let mut policies = Vec::new();
-            let mut boxes = Vec::new();
-            for &i in &selecting {
-                let Some(rules) = &specs[i].rules[di] else {
-                    continue;
-                };
-                policies.push(specs[i].key.clone());
-                for (ri, rule) in rules.iter().enumerate() {
-                    let r = resolved.entry((i, di, ri)).or_insert_with(|| {
-                        let named = rule.ports.as_ref().is_some_and(|ps| {
-                            ps.iter().any(|p| matches!(p, PortSpec::Named { .. }))
-                        });
-                        resolve(
-                            &view,
-                            specs[i].namespace,
-                            rule,
-                            named && d == Direction::Egress,
-                        )
-                    });
-                    boxes.extend(rule_boxes(rule, r, pod, d));
-                }
+        let specs = &self.specs;
+        let mut touched = BTreeSet::new();
+        self.resolved.retain(|(k, di, ri), r| {
+            let rule = specs
+                .get(k)
+                .and_then(|(s, _)| s.rules[*di].as_ref())
+                .and_then(|rules| rules.get(*ri));
+            let selects = |p: &Pod, ns_labels: &crate::model::Labels| {
+                rule.and_then(|r| r.peers.as_ref()).is_some_and(|peers| {
+                    peers.iter().any(|peer| match peer {
+                        PeerSpec::Pods { namespaces, pods } => {
+                            pods.matches(&p.metadata.labels)
+                                && match namespaces {
+                                    None => p.metadata.namespace == k.0,
+                                    Some(sel) => sel.matches(ns_labels),
+                                }
+                        }
+                        PeerSpec::Block(_) => false,
+                    })
+                })
+            };
+            // Pods wanted (named egress ports): every pod's change may change it.
+            let any_pod = r.want_pods && !versions.is_empty();
+            let keep = rule.is_some() && !any_pod && !peers.iter().any(|(p, l)| selects(p, l));
+            if !keep {
+                touched.insert(k.0.clone());
             }
-            if policies.is_empty() {
-                return None;
+            keep
+        });
+        self.dirty_namespaces.extend(touched);
+    }
+
+    /// Compiles what the cluster's policies say for the pods of `node`, again only where a
+    /// change told since the last time may have changed it.
+    pub fn compile(&mut self, objects: &Objects, node: &str) -> Compiled {
+        let view = View::new(objects);
+        self.specs.retain(|k, _| objects.policies.contains_key(k));
+        for (k, p) in &objects.policies {
+            if !self.specs.contains_key(k) {
+                let mut problems = Vec::new();
+                let spec = parse_policy(p, &mut problems);
+                self.specs.insert(k.clone(), (spec, problems));
             }
-            let allowed = families
-                .iter()
-                .map(|&f| {
-                    let mine: Vec<AllowBox> = boxes
-                        .iter()
-                        .filter(|(bf, _)| *bf == f)
-                        .map(|(_, b)| b.clone())
-                        .collect();
-                    (f, disjoint(&mine))
+        }
+        let mut by_namespace: HashMap<&str, Vec<&Key>> = HashMap::new();
+        for (k, (s, _)) in &self.specs {
+            by_namespace
+                .entry(s.namespace.as_str())
+                .or_default()
+                .push(k);
+        }
+        let mut compiled = BTreeMap::new();
+        for (pk, pod) in &objects.pods {
+            if pod.spec.node_name != node || !pod.is_policy_pod() {
+                continue;
+            }
+            let clean = !self.dirty.contains(pk) && !self.dirty_namespaces.contains(&pk.0);
+            if let Some(c) = self.pods.remove(pk).filter(|_| clean) {
+                compiled.insert(pk.clone(), c);
+                continue;
+            }
+            let selecting: Vec<&Key> = by_namespace
+                .get(pod.metadata.namespace.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|k| {
+                    self.specs[*k]
+                        .0
+                        .selector
+                        .as_ref()
+                        .is_some_and(|s| s.matches(&pod.metadata.labels))
                 })
                 .collect();
-            Some(Isolation { policies, allowed })
-        };
-        let ingress = isolation(Direction::Ingress);
-        let egress = isolation(Direction::Egress);
-        pods.push(LocalPod {
-            namespace: pod.metadata.namespace.clone(),
-            name: pod.metadata.name.clone(),
-            uid: pod.metadata.uid.clone(),
-            ips: pod.ips(),
-            ingress,
-            egress,
-        });
-    }
-    problems.sort();
-    problems.dedup();
-    Compiled {
-        pods,
-        problems,
-        policies: objects.policies.len(),
+            let families: Vec<Family> = {
+                let mut f: Vec<Family> = pod.ips().iter().map(Family::of).collect();
+                f.sort();
+                f.dedup();
+                f
+            };
+            let resolved = &mut self.resolved;
+            let specs = &self.specs;
+            let mut isolation = |d: Direction| -> Option<Isolation> {
+                let di = dir_index(d);
+                let mut policies = Vec::new();
+                let mut boxes = Vec::new();
+                for &k in &selecting {
+                    let spec = &specs[k].0;
+                    let Some(rules) = &spec.rules[di] else {
+                        continue;
+                    };
+                    policies.push(spec.key.clone());
+                    for (ri, rule) in rules.iter().enumerate() {
+                        let r = resolved.entry((k.clone(), di, ri)).or_insert_with(|| {
+                            let named = rule.ports.as_ref().is_some_and(|ps| {
+                                ps.iter().any(|p| matches!(p, PortSpec::Named { .. }))
+                            });
+                            resolve(
+                                &view,
+                                &spec.namespace,
+                                rule,
+                                named && d == Direction::Egress,
+                            )
+                        });
+                        boxes.extend(rule_boxes(rule, r, objects, pod, d));
+                    }
+                }
+                if policies.is_empty() {
+                    return None;
+                }
+                let allowed = families
+                    .iter()
+                    .map(|&f| {
+                        let mine: Vec<AllowBox> = boxes
+                            .iter()
+                            .filter(|(bf, _)| *bf == f)
+                            .map(|(_, b)| b.clone())
+                            .collect();
+                        (f, disjoint(&mine))
+                    })
+                    .collect();
+                Some(Isolation { policies, allowed })
+            };
+            let ingress = isolation(Direction::Ingress);
+            let egress = isolation(Direction::Egress);
+            compiled.insert(
+                pk.clone(),
+                LocalPod {
+                    namespace: pod.metadata.namespace.clone(),
+                    name: pod.metadata.name.clone(),
+                    uid: pod.metadata.uid.clone(),
+                    ips: pod.ips(),
+                    ingress,
+                    egress,
+                },
+            );
+        }
+        self.pods = compiled;
+        self.dirty.clear();
+        self.dirty_namespaces.clear();
+        let mut problems: Vec<Problem> = self
+            .specs
+            .values()
+            .flat_map(|(_, p)| p.iter().cloned())
+            .collect();
+        problems.sort();
+        problems.dedup();
+        Compiled {
+            pods: self.pods.values().cloned().collect(),
+            problems,
+            policies: objects.policies.len(),
+        }
     }
 }
 
@@ -1177,5 +1313,79 @@ mod tests {
             .iter()
             .all(|e| !(e.addr.0 <= yb_ip && yb_ip <= e.addr.1)));
         assert!(!c.pods.iter().any(|p| p.namespace == "y" && p.name == "b"));
+    }
+
+    #[test]
+    fn compiling_again_after_each_change_is_compiling_afresh() {
+        let mut o = cluster();
+        add_policy(
+            &mut o,
+            "x",
+            "from-y-b",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: "y"}},
+                                       "podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        );
+        add_policy(
+            &mut o,
+            "y",
+            "named-egress",
+            json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                "ports": [{"port": "serve-80-tcp"}]}]}),
+        );
+        let mut c = Compiler::default();
+        let mut last = c.compile(&o, NODE);
+        assert_eq!(last, compile(&o, NODE));
+        let key = |ns: &str, name: &str| (ns.to_string(), name.to_string());
+        // Each change: the pod before and after (None: absent).
+        let relabel = |o: &Objects, ns: &str, name: &str, v: &str| {
+            let mut p = o.pods[&key(ns, name)].clone();
+            p.metadata.labels.insert("pod".into(), v.into());
+            (key(ns, name), Some(p))
+        };
+        let readdress = |o: &Objects, ns: &str, name: &str, ip: &str| {
+            let mut p = o.pods[&key(ns, name)].clone();
+            p.status.pod_ips = vec![serde_json::from_value(json!({"ip": ip})).unwrap()];
+            (key(ns, name), Some(p))
+        };
+        let mut newcomer = o.pods[&key("y", "b")].clone();
+        newcomer.metadata.name = "d".into();
+        newcomer.spec.node_name = "n2".into();
+        newcomer.status.pod_ips = vec![serde_json::from_value(json!({"ip": "10.0.2.9"})).unwrap()];
+        let changes = [
+            // A peer selected by x's policy loses its label, then gets it back.
+            relabel(&o, "y", "b", "q"),
+            relabel(&o, "y", "b", "b"),
+            // A local pod no longer selected by x's policy.
+            relabel(&o, "x", "a", "z"),
+            // A peer's address (named egress ports read every pod's).
+            readdress(&o, "z", "c", "10.0.3.30"),
+            // A pod gone; a pod of another node selected as a peer.
+            (key("z", "a"), None),
+            (key("y", "d"), Some(newcomer)),
+        ];
+        let mut changed = 0;
+        for (k, new) in changes {
+            let old = o.pods.get(&k).cloned();
+            c.pod_changed(&o, NODE, old.as_ref(), new.as_ref());
+            match new {
+                Some(p) => o.pods.insert(k.clone(), p),
+                None => o.pods.remove(&k),
+            };
+            let got = c.compile(&o, NODE);
+            assert_eq!(got, compile(&o, NODE), "after {k:?}");
+            changed += usize::from(got != last);
+            last = got;
+        }
+        assert_eq!(changed, 6, "every change changed the compilation");
+        // A policy made, then deleted.
+        add_policy(&mut o, "y", "deny", json!({"podSelector": {}}));
+        c.policy_changed(&key("y", "deny"));
+        let got = c.compile(&o, NODE);
+        assert_eq!(got, compile(&o, NODE));
+        assert_ne!(got, last);
+        o.policies.remove(&key("y", "deny"));
+        c.policy_changed(&key("y", "deny"));
+        assert_eq!(c.compile(&o, NODE), last);
     }
 }

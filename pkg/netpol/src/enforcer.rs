@@ -9,9 +9,9 @@
 //! was until the enforcer knows the whole cluster again. While the API server is unreachable
 //! the objects stay as they were, and so does the table.
 
-use crate::compile::{compile, Compiled, Direction, Problem};
+use crate::compile::{Compiled, Compiler, Direction, Problem};
 use crate::model::{Namespace, NetworkPolicy, Pod};
-use crate::nft::{desired, plan, Plan, Table};
+use crate::nft::{plan, Desired, Plan, Table};
 use crate::objects::{Change, Objects};
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -70,6 +70,9 @@ pub struct Enforcer {
     /// The highest resourceVersion of the objects heard of (0 while none was a number).
     seen_version: u64,
     compiled: Compiled,
+    /// What the next pass's compilation reuses of the last, and its table.
+    compiler: Compiler,
+    tables: Desired,
     /// Elements in the allow sets the last pass wanted.
     set_elements: usize,
 }
@@ -87,6 +90,8 @@ impl Enforcer {
             pending_since: None,
             seen_version: 0,
             compiled: Compiled::default(),
+            compiler: Compiler::default(),
+            tables: Desired::default(),
             set_elements: 0,
         }
     }
@@ -100,17 +105,54 @@ impl Enforcer {
         self.seen_version = self.seen_version.max(highest_version(&u));
         // A change of nothing the policies read (a pod's status heartbeat) is no change.
         strip_versions(&mut u);
+        // A pod's change is told to the compiler before the objects take it in (it reads the
+        // old one); a namespace's or a listing's drops all it keeps.
+        let told = self.tell_compiler(&u);
         let (i, changed) = match u {
             Update::Namespaces(c) => (0, self.objects.namespaces_changed(c)),
             Update::Pods(c) => (1, self.objects.pods_changed(c)),
-            Update::Policies(c) => (2, self.objects.policies_changed(c)),
+            Update::Policies(c) => {
+                let key = match &c {
+                    Change::Applied(p) | Change::Deleted(p) => Some(p.metadata.clone()),
+                    Change::Listed(_) => None,
+                };
+                let changed = self.objects.policies_changed(c);
+                if changed {
+                    match key {
+                        Some(m) => self.compiler.policy_changed(&(m.namespace, m.name)),
+                        None => self.compiler.forget(),
+                    }
+                }
+                (2, changed)
+            }
         };
+        if changed && i != 2 && !told {
+            self.compiler.forget();
+        }
         let first_list = !self.listed[i];
         self.listed[i] = true;
         if changed || first_list {
             self.pending_since.get_or_insert(at);
         }
         changed || first_list
+    }
+
+    /// Tells the compiler what a pod's change (an event, not a listing) may change; whether
+    /// it was one.
+    fn tell_compiler(&mut self, u: &Update) -> bool {
+        let (p, deleted) = match u {
+            Update::Pods(Change::Applied(p)) => (p, false),
+            Update::Pods(Change::Deleted(p)) => (p, true),
+            _ => return false,
+        };
+        let key = (p.metadata.namespace.clone(), p.metadata.name.clone());
+        let old = self.objects.pods.get(&key);
+        if deleted || old != Some(p) {
+            let new = (!deleted).then_some(p);
+            self.compiler
+                .pod_changed(&self.objects, &self.node, old, new);
+        }
+        true
     }
 
     /// Whether every kind has been listed, so that a pass may write.
@@ -165,11 +207,11 @@ impl Enforcer {
     pub fn pass(&mut self, kernel: &mut impl Kernel) -> Result<Pass, String> {
         let mut out = Pass::default();
         let start = Instant::now();
-        self.compiled = compile(&self.objects, &self.node);
+        self.compiled = self.compiler.compile(&self.objects, &self.node);
         let seen: BTreeSet<Problem> = self.compiled.problems.iter().cloned().collect();
         out.new_problems = seen.difference(&self.problems).cloned().collect();
         self.problems = seen;
-        let want = desired(&self.compiled);
+        let want = self.tables.table(&self.compiled);
         self.set_elements = want.sets.values().map(|s| s.elems.len()).sum();
         out.compiled_in = start.elapsed();
         let start = Instant::now();
@@ -270,6 +312,7 @@ pub struct Sizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nft::desired;
     use serde_json::json;
 
     /// A kernel that keeps the table as the transactions leave it, by the model.

@@ -22,7 +22,7 @@ use crate::compile::{Compiled, Direction, LocalPod};
 use crate::ranges::{addr_value, by_services, Family, Service};
 pub use cni_kernel::nft_elements::Element;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 /// The table, in the `inet` family.
@@ -311,31 +311,52 @@ fn fragment(pod: &LocalPod) -> Fragment {
 
 /// What the table should hold for `compiled`.
 pub fn desired(compiled: &Compiled) -> Table {
-    let mut t = Table::default();
-    base_chains(&mut t.chains);
-    for d in Direction::BOTH {
-        for f in Family::BOTH {
-            t.maps.insert(
-                map_name(d, f),
-                VMap {
-                    family: f,
-                    elems: BTreeMap::new(),
-                    foreign: 0,
-                },
-            );
-        }
-    }
-    for pod in &compiled.pods {
-        let part = fragment(pod);
-        t.chains.extend(part.chains);
-        t.sets.extend(part.sets);
-        for (map, addr, chain) in part.jumps {
-            if let Some(m) = t.maps.get_mut(&map) {
-                m.elems.insert(addr, chain);
+    Desired::default().table(compiled)
+}
+
+/// Tables made one after another, each pod's part made again only when the pod's compilation
+/// changed.
+#[derive(Debug, Default)]
+pub struct Desired {
+    parts: HashMap<(String, String), (LocalPod, Fragment)>,
+}
+
+impl Desired {
+    /// What the table should hold for `compiled`.
+    pub fn table(&mut self, compiled: &Compiled) -> Table {
+        let mut t = Table::default();
+        base_chains(&mut t.chains);
+        for d in Direction::BOTH {
+            for f in Family::BOTH {
+                t.maps.insert(
+                    map_name(d, f),
+                    VMap {
+                        family: f,
+                        elems: BTreeMap::new(),
+                        foreign: 0,
+                    },
+                );
             }
         }
+        let mut parts = HashMap::with_capacity(compiled.pods.len());
+        for pod in &compiled.pods {
+            let key = (pod.namespace.clone(), pod.name.clone());
+            let part = match self.parts.remove(&key) {
+                Some((was, part)) if was == *pod => part,
+                _ => fragment(pod),
+            };
+            t.chains.extend(part.chains.iter().cloned());
+            t.sets.extend(part.sets.iter().cloned());
+            for (map, addr, chain) in &part.jumps {
+                if let Some(m) = t.maps.get_mut(map) {
+                    m.elems.insert(*addr, chain.clone());
+                }
+            }
+            parts.insert(key, (pod.clone(), part));
+        }
+        self.parts = parts;
+        t
     }
-    t
 }
 
 fn range_text<T: PartialEq + std::fmt::Display>(lo: T, hi: T) -> String {
@@ -1273,5 +1294,28 @@ mod tests {
         let mut odd = have.clone();
         odd.sets.get_mut(&any()).unwrap().foreign = 1;
         assert!(matches!(plan(&want, Some(&odd)), Some(Plan::Whole(_))));
+    }
+
+    #[test]
+    fn tables_made_one_after_another_are_each_the_table_made_afresh() {
+        let mut d = Desired::default();
+        let first = compiled();
+        let mut second = compiled();
+        second.pods[0].egress = Some(Isolation {
+            policies: vec!["x/q".into()],
+            allowed: BTreeMap::new(),
+        });
+        let mut third = second.clone();
+        third.pods[0].ips.pop();
+        for c in [
+            &first,
+            &second,
+            &first,
+            &third,
+            &Compiled::default(),
+            &first,
+        ] {
+            assert_eq!(d.table(c), desired(c));
+        }
     }
 }
