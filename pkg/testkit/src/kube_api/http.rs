@@ -3,7 +3,7 @@
 //! collection (all of it, or one namespace's) and objects (and their status), and the
 //! discovery documents kubectl asks for.
 
-use super::store::{name_of, ApiError, Event, Kind, Part, PatchType, Store};
+use super::store::{name_of, ApiError, Event, Kind, Part, PatchType, Store, Stored};
 use super::Shared;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -229,9 +229,8 @@ fn respond_with(
 
 /// `{"kind":K,"apiVersion":V,...}`: a stored object with its type, as single objects and
 /// watch events carry it (list items do not).
-fn typed(obj: &Value, kind: Kind) -> String {
-    let s = obj.to_string();
-    let rest = s.strip_prefix('{').unwrap_or("}");
+fn typed(obj: &Stored, kind: Kind) -> String {
+    let rest = obj.text().strip_prefix('{').unwrap_or("}");
     let sep = if rest == "}" { "" } else { "," };
     format!(
         r#"{{"kind":"{}","apiVersion":"{}"{sep}{rest}"#,
@@ -666,7 +665,7 @@ fn list(
         if i > 0 {
             out.push(',');
         }
-        out.push_str(&item.to_string());
+        out.push_str(item.text());
     }
     out.push_str("]}");
     Ok((200, out, page.continue_token.is_some()))

@@ -259,17 +259,47 @@ pub struct Event {
     pub rv: u64,
     pub kind: EventKind,
     pub resource: Kind,
-    pub object: Arc<Value>,
+    pub object: Arc<Stored>,
+}
+
+/// A stored object and its JSON text, made once when it is written: lists and watches send the
+/// text, as the API server's watch cache serves objects it has already encoded, so that what a
+/// client's list or watch costs is the client's, not this stand-in's encoding of every object
+/// on every read.
+#[derive(Debug)]
+pub struct Stored {
+    value: Value,
+    text: String,
+}
+
+impl Stored {
+    pub fn new(value: Value) -> Stored {
+        let text = value.to_string();
+        Stored { value, text }
+    }
+
+    /// The object as JSON (without kind and apiVersion, as list items are).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
+impl std::ops::Deref for Stored {
+    type Target = Value;
+
+    fn deref(&self) -> &Value {
+        &self.value
+    }
 }
 
 /// One kind's objects by (namespace, name) ("" for cluster-scoped objects), in the order etcd
 /// keeps their keys.
-type Objects = BTreeMap<(String, String), Arc<Value>>;
+type Objects = BTreeMap<(String, String), Arc<Stored>>;
 
 /// One page of a list.
 pub struct Page {
     pub rv: u64,
-    pub items: Vec<Arc<Value>>,
+    pub items: Vec<Arc<Stored>>,
     pub continue_token: Option<String>,
     pub remaining: Option<usize>,
 }
@@ -343,7 +373,7 @@ impl Store {
         self.of(kind).len()
     }
 
-    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Value>> {
+    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Stored>> {
         self.of(kind)
             .get(&key(namespace, name))
             .cloned()
@@ -361,7 +391,7 @@ impl Store {
 
     /// Every current object of `kind` (in `namespace` when given), as the synthetic ADDED
     /// events of a watch without a resourceVersion.
-    pub fn current(&self, kind: Kind, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    pub fn current(&self, kind: Kind, namespace: Option<&str>) -> Vec<Arc<Stored>> {
         self.of(kind)
             .iter()
             .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want))
@@ -390,7 +420,7 @@ impl Store {
         )
     }
 
-    fn record(&mut self, kind: EventKind, resource: Kind, object: Arc<Value>) {
+    fn record(&mut self, kind: EventKind, resource: Kind, object: Arc<Stored>) {
         self.events.push_back(Event {
             rv: self.rv,
             kind,
@@ -406,7 +436,7 @@ impl Store {
 
     /// POST of an object of `kind`, in `namespace` for a namespaced kind (the namespace the
     /// object names is then ignored, as the URL's wins).
-    pub fn create(&mut self, kind: Kind, namespace: &str, mut obj: Value) -> Result<Arc<Value>> {
+    pub fn create(&mut self, kind: Kind, namespace: &str, mut obj: Value) -> Result<Arc<Stored>> {
         let Some(o) = obj.as_object_mut() else {
             return Err(ApiError::bad_request(format!(
                 "the object provided is not a {}: not a JSON object",
@@ -461,7 +491,7 @@ impl Store {
             "creationTimestamp".into(),
             rfc3339(SystemTime::now()).into(),
         );
-        let obj = Arc::new(obj);
+        let obj = Arc::new(Stored::new(obj));
         self.of_mut(kind).insert(key(namespace, &name), obj.clone());
         self.record(EventKind::Added, kind, obj.clone());
         Ok(obj)
@@ -469,7 +499,7 @@ impl Store {
 
     /// DELETE of an object: the deleted object. A namespace takes what is in it along, each
     /// with its own event, as its finalizer does.
-    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Value>> {
+    pub fn delete(&mut self, kind: Kind, namespace: &str, name: &str) -> Result<Arc<Stored>> {
         let namespace = if kind.namespaced() { namespace } else { "" };
         if !self.of(kind).contains_key(&key(namespace, name)) {
             return Err(ApiError::not_found(kind.plural(), name));
@@ -492,9 +522,9 @@ impl Store {
             .remove(&key(namespace, name))
             .ok_or_else(|| ApiError::not_found(kind.plural(), name))?;
         self.rv += 1;
-        let mut gone = (*old).clone();
+        let mut gone = old.value.clone();
         set_rv(&mut gone, self.rv);
-        let gone = Arc::new(gone);
+        let gone = Arc::new(Stored::new(gone));
         self.record(EventKind::Deleted, kind, gone.clone());
         Ok(gone)
     }
@@ -510,7 +540,7 @@ impl Store {
         part: Part,
         patch_type: PatchType,
         body: &[u8],
-    ) -> Result<Arc<Value>> {
+    ) -> Result<Arc<Stored>> {
         let namespace = if kind.namespaced() { namespace } else { "" };
         let old = self.get(kind, namespace, name)?;
         let patch: Value = serde_json::from_slice(body)
@@ -544,7 +574,7 @@ impl Store {
         name: &str,
         part: Part,
         body: &[u8],
-    ) -> Result<Arc<Value>> {
+    ) -> Result<Arc<Stored>> {
         let namespace = if kind.namespaced() { namespace } else { "" };
         let old = self.get(kind, namespace, name)?;
         let mut new: Value = serde_json::from_slice(body)
@@ -564,11 +594,11 @@ impl Store {
         &mut self,
         kind: Kind,
         namespace: &str,
-        old: &Arc<Value>,
+        old: &Arc<Stored>,
         mut new: Value,
         part: Part,
         wanted_rv: Option<&str>,
-    ) -> Result<Arc<Value>> {
+    ) -> Result<Arc<Stored>> {
         let name = name_of(old).to_string();
         let current_rv = old
             .pointer("/metadata/resourceVersion")
@@ -636,12 +666,12 @@ impl Store {
                 ));
             }
         }
-        if new == **old {
+        if new == old.value {
             return Ok(old.clone());
         }
         self.rv += 1;
         set_rv(&mut new, self.rv);
-        let new = Arc::new(new);
+        let new = Arc::new(Stored::new(new));
         self.of_mut(kind).insert(key(namespace, &name), new.clone());
         self.record(EventKind::Modified, kind, new.clone());
         Ok(new)
@@ -678,13 +708,13 @@ impl Store {
         let mut rest = source
             .range((after, std::ops::Bound::Unbounded))
             .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
-        let items: Vec<(&(String, String), &Arc<Value>)> = match limit {
+        let items: Vec<(&(String, String), &Arc<Stored>)> = match limit {
             0 => rest.by_ref().collect(),
             n => rest.by_ref().take(n).collect(),
         };
         let remaining = rest.count();
         let last = items.last().map(|(k, _)| (*k).clone());
-        let items: Vec<Arc<Value>> = items.into_iter().map(|(_, v)| v.clone()).collect();
+        let items: Vec<Arc<Stored>> = items.into_iter().map(|(_, v)| v.clone()).collect();
         let continue_token = match last {
             Some(last) if remaining > 0 => {
                 if !self
