@@ -6,6 +6,10 @@
 //! flannel-io/flannel#2252). A third column has the Node objects as a real cluster holds them
 //! (50 images, volumes, conditions, managed fields: about 15 KB each), which the daemon
 //! should pay for no more than their annotations.
+//!
+//! `KUBE_START_MODES=etcd,kube,real` runs only the modes named (all three by default; a mode
+//! not run shows as 0); `KUBE_START_LOGS=<dir>` keeps each daemon's log there, to read its
+//! timeline (`-v=…` in `KUBE_START_ARGS` for more of it).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -194,12 +198,46 @@ fn etcd_mode() -> Figures {
         &["--etcd-endpoints", &etcd.client_url, "--iface", "eth0"],
         &[],
     );
-    measure(&node, &d, started, || {
+    let f = measure(&node, &d, started, || {
         etcd.txn(&node, &etcd_leases(N..2 * N))
-    })
+    });
+    keep_log(&d, "etcd");
+    f
 }
 
-fn kube_mode(node_object: fn(usize) -> Value) -> Figures {
+/// The flags of `KUBE_START_ARGS`, after the bench's own.
+fn extra_args() -> Vec<String> {
+    std::env::var("KUBE_START_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Copies the daemon's log to `$KUBE_START_LOGS/<mode>.log`, when asked for.
+fn keep_log(d: &Daemon, mode: &str) {
+    if let Ok(dir) = std::env::var("KUBE_START_LOGS") {
+        let to = std::path::Path::new(&dir).join(format!("{mode}.log"));
+        if let Err(e) = std::fs::copy(&d.log, &to) {
+            eprintln!("keeping the {mode} log as {}: {e}", to.display());
+        }
+    }
+}
+
+fn runs(mode: &str) -> bool {
+    std::env::var("KUBE_START_MODES").map_or(true, |m| m.split(',').any(|x| x.trim() == mode))
+}
+
+fn skipped() -> Figures {
+    Figures {
+        start: Duration::ZERO,
+        burst: Duration::ZERO,
+        rss_start_kib: 0,
+        rss_burst_kib: 0,
+    }
+}
+
+fn kube_mode(mode: &str, node_object: fn(usize) -> Value) -> Figures {
     let node = Node::new("ksk");
     let mut api = KubeApi::start(
         Some(node.ns.path()),
@@ -218,33 +256,57 @@ fn kube_mode(node_object: fn(usize) -> Value) -> Figures {
         user.kubeconfig.display().to_string(),
         conf.display().to_string(),
     );
+    let extra = extra_args();
+    let mut args = vec![
+        "--kube-subnet-mgr",
+        "--kubeconfig-file",
+        &kubeconfig,
+        "--net-config-path",
+        &conf,
+        "--iface",
+        "eth0",
+    ];
+    args.extend(extra.iter().map(String::as_str));
     let started = Instant::now();
-    let d = Daemon::start(
-        &node,
-        "kube",
-        &[
-            "--kube-subnet-mgr",
-            "--kubeconfig-file",
-            &kubeconfig,
-            "--net-config-path",
-            &conf,
-            "--iface",
-            "eth0",
-        ],
-        &[("NODE_NAME", "bench")],
-    );
-    measure(&node, &d, started, || {
+    let d = Daemon::start(&node, "kube", &args, &[("NODE_NAME", "bench")]);
+    let f = measure(&node, &d, started, || {
         api.create_nodes((N..2 * N).map(node_object))
-    })
+    });
+    keep_log(&d, mode);
+    if let Ok(dir) = std::env::var("KUBE_START_LOGS") {
+        // The stand-in's requests, ms from the daemon's start: when each answer was ready.
+        let mut text = String::new();
+        for r in api.requests() {
+            let ms = r.at.saturating_duration_since(started).as_secs_f64() * 1e3;
+            let _ = writeln!(
+                text,
+                "{ms:9.1} {} {} {} {}",
+                r.code, r.verb, r.path, r.query
+            );
+        }
+        let to = std::path::Path::new(&dir).join(format!("{mode}.requests"));
+        if let Err(e) = std::fs::write(&to, text) {
+            eprintln!("keeping the stand-in's requests as {}: {e}", to.display());
+        }
+    }
+    f
 }
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let etcd = etcd_mode();
-    let kube = kube_mode(kube_node);
-    let real = kube_mode(real_node);
+    let etcd = if runs("etcd") { etcd_mode() } else { skipped() };
+    let kube = if runs("kube") {
+        kube_mode("kube", kube_node)
+    } else {
+        skipped()
+    };
+    let real = if runs("real") {
+        kube_mode("real", real_node)
+    } else {
+        skipped()
+    };
     let size = |f: fn(usize) -> Value| f(N / 2).to_string().len() as f64 / 1024.0;
     let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
     let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
