@@ -260,13 +260,13 @@ impl KubeClient {
     /// One page of a list, read as it arrives: each item parsed as soon as it is in, so that
     /// a page of 500 Nodes (megabytes of status) never sits whole in memory; what is kept is
     /// only what `T` takes of each.
-    async fn page<T: DeserializeOwned>(
+    async fn page<T: Object>(
         &self,
         op: Op<'_>,
         req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
     ) -> Result<(Vec<T>, ListMeta), KubeError> {
         let mut body = self.send(op, req).await?.into_body();
-        let mut reader = PageReader::<T>::new();
+        let mut reader = PageReader::<T>::new(T::UNREAD);
         let refused = |e: String| {
             KubeError::Refused(format!("{op}: the answer is not what the API gives: {e}"))
         };

@@ -1,7 +1,10 @@
 //! A list answer read as it arrives: each element of its `items` is parsed as soon as its last
 //! byte is in, so that only one object's text is held at a time (a page of 500 real Nodes is
 //! megabytes of status), and parsed from a slice, which is several times faster than parsing
-//! from a reader. What is not an item (kind, metadata) is kept to be parsed at the end.
+//! from a reader. What is not an item (kind, metadata) is kept to be parsed at the end. The
+//! fields of an item the caller's type never reads (a Node's status: images, conditions,
+//! volumes, three quarters of a real Node) are cut out as they pass, so the parser never walks
+//! them.
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -35,6 +38,8 @@ enum Part {
 
 /// The longest key remembered: long enough for `items`.
 const KEY: usize = 8;
+/// The longest key of an item remembered, for the fields to cut out.
+const FIELD_KEY: usize = 32;
 
 pub(crate) struct PageReader<T> {
     pub(crate) items: Vec<T>,
@@ -50,10 +55,22 @@ pub(crate) struct PageReader<T> {
     /// The last string read at the answer's top level, its first `KEY` bytes: the key of the
     /// value that follows.
     key: Vec<u8>,
+    /// The fields of each item to cut out unread: `status`, `metadata.managedFields`.
+    unread: &'static [&'static str],
+    /// The last string read at an item's top level (its first `FIELD_KEY` bytes)...
+    field: Vec<u8>,
+    /// ...the one whose object or array is open one level down...
+    parent: Vec<u8>,
+    /// ...and the last string read in it.
+    inner: Vec<u8>,
+    /// The depth a value being cut out opened at; 0 when none is.
+    cutting: usize,
 }
 
 impl<T: DeserializeOwned> PageReader<T> {
-    pub(crate) fn new() -> PageReader<T> {
+    /// A reader that cuts the fields `unread` (paths of at most two keys, `metadata.labels`)
+    /// out of each item, as `null`.
+    pub(crate) fn new(unread: &'static [&'static str]) -> PageReader<T> {
         PageReader {
             items: Vec::new(),
             rest: Vec::new(),
@@ -63,6 +80,39 @@ impl<T: DeserializeOwned> PageReader<T> {
             in_string: false,
             escaped: false,
             key: Vec::new(),
+            unread,
+            field: Vec::new(),
+            parent: Vec::new(),
+            inner: Vec::new(),
+            cutting: 0,
+        }
+    }
+
+    /// Whether the value opening now at `depth` inside an item is one to cut out.
+    fn unread_here(&self) -> bool {
+        let (parent, key): (&[u8], &[u8]) = match self.depth {
+            3 => (b"", &self.field),
+            4 => (&self.parent, &self.inner),
+            _ => return false,
+        };
+        self.unread.iter().any(|path| {
+            let path = path.as_bytes();
+            match path.iter().position(|&b| b == b'.') {
+                Some(dot) => parent == &path[..dot] && key == &path[dot + 1..],
+                None => parent.is_empty() && key == path,
+            }
+        })
+    }
+
+    /// The key buffer a string at the current depth goes to, if any.
+    fn key_at_depth(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+        match (self.part, self.depth) {
+            (Part::Items, _) if self.cutting != 0 || self.unread.is_empty() => None,
+            (Part::Items, 3) => Some((&mut self.field, FIELD_KEY)),
+            (Part::Items, 4) => Some((&mut self.inner, FIELD_KEY)),
+            (Part::Items, _) => None,
+            (_, 1) => Some((&mut self.key, KEY)),
+            _ => None,
         }
     }
 
@@ -73,7 +123,6 @@ impl<T: DeserializeOwned> PageReader<T> {
         let mut i = 0;
         while i < frame.len() {
             if self.in_string {
-                let top = self.depth == 1 && self.part != Part::Items;
                 if self.escaped {
                     self.escaped = false;
                     i += 1;
@@ -81,15 +130,11 @@ impl<T: DeserializeOwned> PageReader<T> {
                 }
                 match memchr::memchr2(b'"', b'\\', &frame[i..]) {
                     None => {
-                        if top {
-                            self.keep_key(&frame[i..]);
-                        }
+                        self.keep_key(&frame[i..]);
                         i = frame.len();
                     }
                     Some(k) => {
-                        if top {
-                            self.keep_key(&frame[i..i + k]);
-                        }
+                        self.keep_key(&frame[i..i + k]);
                         i += k;
                         if frame[i] == b'\\' {
                             self.escaped = true;
@@ -123,11 +168,22 @@ impl<T: DeserializeOwned> PageReader<T> {
             match b {
                 b'"' => {
                     self.in_string = true;
-                    if self.depth == 1 {
-                        self.key.clear();
+                    if let Some((key, _)) = self.key_at_depth() {
+                        key.clear();
                     }
                 }
                 b'{' | b'[' => {
+                    if self.part == Part::Items && self.cutting == 0 {
+                        if self.depth == 3 {
+                            self.parent.clone_from(&self.field);
+                        }
+                        if self.unread_here() {
+                            // What came before goes to the item's text, the value as null.
+                            self.item.extend_from_slice(&frame[from..i]);
+                            self.item.extend_from_slice(b"null");
+                            self.cutting = self.depth;
+                        }
+                    }
                     self.depth += 1;
                     if self.part == Part::Head
                         && self.depth == 2
@@ -144,7 +200,10 @@ impl<T: DeserializeOwned> PageReader<T> {
                         .depth
                         .checked_sub(1)
                         .ok_or("a bracket closes what was never opened")?;
-                    if self.part == Part::Items && self.depth == 2 {
+                    if self.cutting != 0 && self.depth == self.cutting {
+                        self.cutting = 0;
+                        from = i + 1;
+                    } else if self.part == Part::Items && self.depth == 2 {
                         self.finish_item(&frame[from..=i])?;
                         from = i + 1;
                     }
@@ -154,16 +213,21 @@ impl<T: DeserializeOwned> PageReader<T> {
             i += 1;
         }
         match self.part {
-            Part::Items if self.depth > 2 => self.item.extend_from_slice(&frame[from..]),
+            Part::Items if self.depth > 2 && self.cutting == 0 => {
+                self.item.extend_from_slice(&frame[from..])
+            }
             Part::Items => {}
             Part::Head | Part::Tail => self.rest.extend_from_slice(&frame[from..]),
         }
         Ok(())
     }
 
+    /// Keeps the start of a string that may be a key.
     fn keep_key(&mut self, text: &[u8]) {
-        let room = (KEY + 1).saturating_sub(self.key.len());
-        self.key.extend_from_slice(&text[..text.len().min(room)]);
+        if let Some((key, max)) = self.key_at_depth() {
+            let room = (max + 1).saturating_sub(key.len());
+            key.extend_from_slice(&text[..text.len().min(room)]);
+        }
     }
 
     /// An item's last bytes are in: parsed, its text let go.
@@ -197,7 +261,7 @@ mod tests {
 
     /// `text` fed in frames of `size` bytes.
     fn read(text: &[u8], size: usize) -> Result<(Vec<Value>, ListMeta), String> {
-        let mut r = PageReader::<Value>::new();
+        let mut r = PageReader::<Value>::new(&[]);
         for frame in text.chunks(size) {
             r.feed(frame)?;
         }
@@ -227,6 +291,46 @@ mod tests {
                 assert_eq!(meta.continue_token.as_deref(), Some("tok"));
             }
         }
+    }
+
+    #[test]
+    fn unread_fields_are_cut_out_as_null_whatever_the_frames() {
+        let item = |name: &str, tricky: &str| {
+            json!({
+                "metadata": {"name": name, "managedFields": [{"f:status": {"}": tricky}}],
+                             "labels": {"status": "[{"}},
+                "status": {"images": [{"names": [tricky, "b"]}], "status": {"x": 1}},
+                "spec": {"podCIDR": "10.0.0.0/24", "status": [1]},
+                "kind": "status",
+            })
+        };
+        let items = vec![item("a", "]}\"{["), item("b", "\\"), item("c", "")];
+        let page = json!({"metadata": {"resourceVersion": "9"}, "items": items});
+        let cut = |mut v: Value| {
+            v["status"] = Value::Null;
+            v["metadata"]["managedFields"] = Value::Null;
+            v
+        };
+        let want: Vec<Value> = items.iter().cloned().map(cut).collect();
+        for t in [
+            serde_json::to_vec(&page).unwrap(),
+            serde_json::to_vec_pretty(&page).unwrap(),
+        ] {
+            for size in [1, 2, 5, 13, 100, t.len()] {
+                let mut r = PageReader::<Value>::new(&["status", "metadata.managedFields"]);
+                for frame in t.chunks(size) {
+                    r.feed(frame).unwrap();
+                }
+                let (got, meta) = r.finish().unwrap();
+                assert_eq!(got, want, "frames of {size}");
+                assert_eq!(meta.resource_version, "9");
+            }
+        }
+        // Nothing to cut: the items as they are.
+        assert_eq!(
+            read(&serde_json::to_vec(&page).unwrap(), 7).unwrap().0,
+            items
+        );
     }
 
     #[test]

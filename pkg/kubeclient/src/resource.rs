@@ -78,6 +78,10 @@ impl Selector {
 /// the rest skipped unread), a k8s-openapi type, or a `serde_json::Value`. A watch resumes
 /// from the resourceVersion of the last object it delivered.
 pub trait Object: DeserializeOwned + Send + 'static {
+    /// Fields this type never reads, as paths of one or two keys (`status`,
+    /// `metadata.managedFields`): a list cuts them out of each object before it is parsed.
+    const UNREAD: &'static [&'static str] = &[];
+
     /// `metadata.resourceVersion`; empty when the object has none.
     fn resource_version(&self) -> &str;
 }

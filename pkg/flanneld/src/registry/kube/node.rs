@@ -210,6 +210,9 @@ pub struct NodeSpec {
 }
 
 impl kube_lite::Object for NodeObject {
+    /// The kubelet's status and the managed fields: most of a real Node, none of a lease.
+    const UNREAD: &'static [&'static str] = &["status", "metadata.managedFields"];
+
     fn resource_version(&self) -> &str {
         &self.metadata.resource_version
     }
