@@ -333,12 +333,13 @@ fn parse_policy(p: &NetworkPolicy, problems: &mut Vec<Problem>) -> PolicySpec {
     }
 }
 
+/// A policy pod and its addresses, parsed once a pass.
+type PeerPod<'a> = (&'a Pod, Vec<IpAddr>);
+
 /// The cluster as the rules read it: namespaces' labels, policy pods by namespace.
 struct View<'a> {
     namespace_labels: BTreeMap<&'a str, crate::model::Labels>,
-    pods_by_namespace: BTreeMap<&'a str, Vec<&'a Pod>>,
-    /// Every policy pod, with its address values, for ipBlock peers of named ports.
-    all_pods: Vec<&'a Pod>,
+    pods_by_namespace: BTreeMap<&'a str, Vec<PeerPod<'a>>>,
 }
 
 /// A namespace's labels as selectors see them: with its name's label, also when the
@@ -361,23 +362,26 @@ impl<'a> View<'a> {
         for name in objects.namespaces.keys() {
             namespace_labels.insert(name, labels_of_namespace(objects, name));
         }
-        let mut pods_by_namespace: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-        let mut all_pods = Vec::new();
+        let mut pods_by_namespace: BTreeMap<&str, Vec<PeerPod>> = BTreeMap::new();
         for ((ns, _), pod) in &objects.pods {
-            if !pod.is_policy_pod() {
+            let ips = pod.policy_ips();
+            if ips.is_empty() {
                 continue;
             }
             namespace_labels.entry(ns).or_insert_with(|| {
                 crate::model::Labels::from([(NAMESPACE_NAME_LABEL.to_string(), ns.clone())])
             });
-            pods_by_namespace.entry(ns).or_default().push(pod);
-            all_pods.push(pod);
+            pods_by_namespace.entry(ns).or_default().push((pod, ips));
         }
         View {
             namespace_labels,
             pods_by_namespace,
-            all_pods,
         }
+    }
+
+    /// Every policy pod, by namespace and name.
+    fn all_pods(&self) -> impl Iterator<Item = &PeerPod<'a>> {
+        self.pods_by_namespace.values().flatten()
     }
 
     /// The pods a peer selects, for a policy in `namespace`.
@@ -386,14 +390,13 @@ impl<'a> View<'a> {
         namespace: &str,
         namespaces: &Option<Selector>,
         pods: &Selector,
-    ) -> Vec<&'a Pod> {
+    ) -> Vec<&PeerPod<'a>> {
         let in_ns = |ns: &str| {
             self.pods_by_namespace
                 .get(ns)
                 .into_iter()
                 .flatten()
-                .copied()
-                .filter(|p| pods.matches(&p.metadata.labels))
+                .filter(|(p, _)| pods.matches(&p.metadata.labels))
         };
         match namespaces {
             None => in_ns(namespace).collect(),
@@ -456,10 +459,10 @@ fn resolve(view: &View, namespace: &str, rule: &RuleSpec, want_pods: bool) -> Re
                         namespaces,
                         pods: sel,
                     } => {
-                        for p in view.select(namespace, namespaces, sel) {
-                            add_ips(&mut raw, &p.ips());
+                        for (p, ips) in view.select(namespace, namespaces, sel) {
+                            add_ips(&mut raw, ips);
                             if want_pods {
-                                pods.push(p);
+                                pods.push(*p);
                             }
                         }
                     }
@@ -475,14 +478,18 @@ fn resolve(view: &View, namespace: &str, rule: &RuleSpec, want_pods: bool) -> Re
     let addrs = to_ranges(raw);
     if want_pods {
         // Address peers: the pods inside them too.
-        let blocks = |p: &Pod| {
-            p.ips().iter().any(|ip| {
+        let blocks = |ips: &[IpAddr]| {
+            ips.iter().any(|ip| {
                 addrs
                     .get(&Family::of(ip))
                     .is_some_and(|r| r.contains(addr_value(ip)))
             })
         };
-        pods.extend(view.all_pods.iter().copied().filter(|p| blocks(p)));
+        pods.extend(
+            view.all_pods()
+                .filter(|(_, ips)| blocks(ips))
+                .map(|(p, _)| *p),
+        );
         pods.sort_by(|a, b| {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))

@@ -211,9 +211,15 @@ impl Pod {
     /// Whether policies apply to it, as a target or a peer: a pod with an address of its
     /// own (not the node's network) that has not finished.
     pub fn is_policy_pod(&self) -> bool {
-        !self.spec.host_network
-            && !matches!(self.status.phase.as_str(), "Succeeded" | "Failed")
-            && !self.ips().is_empty()
+        !self.policy_ips().is_empty()
+    }
+
+    /// Its addresses when it is a policy pod; none when it is not.
+    pub fn policy_ips(&self) -> Vec<std::net::IpAddr> {
+        if self.spec.host_network || matches!(self.status.phase.as_str(), "Succeeded" | "Failed") {
+            return Vec::new();
+        }
+        self.ips()
     }
 
     /// The container ports named `name` of `protocol`.

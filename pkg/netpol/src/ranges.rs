@@ -303,8 +303,11 @@ pub fn disjoint(boxes: &[AllowBox]) -> Vec<Elem> {
     }
     edges.sort_unstable();
     let mut active = vec![false; groups.len()];
-    let mut memo: HashMap<Vec<bool>, Vec<Service>> = HashMap::new();
-    let mut pieces: Vec<((u128, u128), Vec<Service>)> = Vec::new();
+    // Each set of groups over a piece, and each distinct union of services, computed once:
+    // pieces name their union by its index, so equal unions merge as before.
+    let mut memo: HashMap<Vec<bool>, usize> = HashMap::new();
+    let mut unions: Vec<Vec<Service>> = Vec::new();
+    let mut pieces: Vec<((u128, u128), usize)> = Vec::new();
     let mut i = 0;
     while i < edges.len() {
         let at = edges[i].0;
@@ -316,18 +319,27 @@ pub fn disjoint(boxes: &[AllowBox]) -> Vec<Elem> {
             continue;
         }
         let end = edges.get(i).map(|e| e.0 - 1).unwrap_or(u128::MAX);
-        let services = memo
-            .entry(active.clone())
-            .or_insert_with(|| {
+        let services = match memo.get(&active) {
+            Some(u) => *u,
+            None => {
                 let all: Vec<Service> = groups
                     .iter()
                     .zip(&active)
                     .filter(|(_, on)| **on)
                     .flat_map(|((s, _), _)| s.iter().copied())
                     .collect();
-                normalise(&all)
-            })
-            .clone();
+                let union = normalise(&all);
+                let u = match unions.iter().position(|x| *x == union) {
+                    Some(u) => u,
+                    None => {
+                        unions.push(union);
+                        unions.len() - 1
+                    }
+                };
+                memo.insert(active.clone(), u);
+                u
+            }
+        };
         match pieces.last_mut() {
             Some((range, prev)) if range.1.checked_add(1) == Some(at) && *prev == services => {
                 range.1 = end
@@ -337,8 +349,8 @@ pub fn disjoint(boxes: &[AllowBox]) -> Vec<Elem> {
     }
     let mut out: Vec<Elem> = pieces
         .into_iter()
-        .flat_map(|(addr, services)| {
-            services.into_iter().map(move |s| Elem {
+        .flat_map(|(addr, u)| {
+            unions[u].iter().map(move |s| Elem {
                 addr,
                 proto: s.proto,
                 port: s.port,
