@@ -13,7 +13,7 @@ use crate::compile::{Compiled, Compiler, Direction, Problem};
 use crate::model::{Namespace, NetworkPolicy, Pod};
 use crate::nft::{plan, Desired, Plan, Table};
 use crate::objects::{Change, Objects};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// One kind's change, as a watch delivers it.
@@ -47,6 +47,9 @@ pub struct Pass {
     pub written_in: Duration,
 }
 
+/// Pods changed in a new listing that the compiler is told of one by one; more, and it
+/// compiles everything again.
+const RELISTED_PODS_TOLD: usize = 64;
 /// Commits of its own, remembered to tell them from others'.
 const OWN_COMMITS: usize = 32;
 /// Announcements lost this soon after a write of its own were its own: a transaction of many
@@ -105,28 +108,15 @@ impl Enforcer {
         self.seen_version = self.seen_version.max(highest_version(&u));
         // A change of nothing the policies read (a pod's status heartbeat) is no change.
         strip_versions(&mut u);
-        // A pod's change is told to the compiler before the objects take it in (it reads the
-        // old one); a namespace's or a listing's drops all it keeps.
-        let told = self.tell_compiler(&u);
+        // What a change may touch is told to the compiler before the objects take it in (it
+        // reads the old pods).
+        self.tell_compiler(&u);
         let (i, changed) = match u {
             Update::Namespaces(c) => (0, self.objects.namespaces_changed(c)),
             Update::Pods(c) => (1, self.objects.pods_changed(c)),
-            Update::Policies(c) => {
-                let key = match &c {
-                    Change::Applied(p) | Change::Deleted(p) => Some(p.metadata.clone()),
-                    Change::Listed(_) => None,
-                };
-                let changed = self.objects.policies_changed(c);
-                if changed {
-                    match key {
-                        Some(m) => self.compiler.policy_changed(&(m.namespace, m.name)),
-                        None => self.compiler.forget(),
-                    }
-                }
-                (2, changed)
-            }
+            Update::Policies(c) => (2, self.objects.policies_changed(c)),
         };
-        if changed && i != 2 && !told {
+        if changed && i == 0 {
             self.compiler.forget();
         }
         let first_list = !self.listed[i];
@@ -137,22 +127,65 @@ impl Enforcer {
         changed || first_list
     }
 
-    /// Tells the compiler what a pod's change (an event, not a listing) may change; whether
-    /// it was one.
-    fn tell_compiler(&mut self, u: &Update) -> bool {
-        let (p, deleted) = match u {
-            Update::Pods(Change::Applied(p)) => (p, false),
-            Update::Pods(Change::Deleted(p)) => (p, true),
-            _ => return false,
-        };
-        let key = (p.metadata.namespace.clone(), p.metadata.name.clone());
+    /// Tells the compiler which pods and policies `u` changes (a namespace's change it is told
+    /// once the objects took it in).
+    fn tell_compiler(&mut self, u: &Update) {
+        fn key(m: &crate::model::Meta) -> (String, String) {
+            (m.namespace.clone(), m.name.clone())
+        }
+        match u {
+            Update::Namespaces(_) => {}
+            Update::Pods(Change::Applied(p)) => self.pod_changed(key(&p.metadata), Some(p)),
+            Update::Pods(Change::Deleted(p)) => self.pod_changed(key(&p.metadata), None),
+            Update::Pods(Change::Listed(items)) => {
+                let now: BTreeMap<_, _> = items.iter().map(|p| (key(&p.metadata), p)).collect();
+                let mut changed: Vec<_> = now
+                    .iter()
+                    .filter(|(k, p)| self.objects.pods.get(*k) != Some(**p))
+                    .map(|(k, p)| (k.clone(), Some(*p)))
+                    .collect();
+                changed.extend(
+                    self.objects
+                        .pods
+                        .keys()
+                        .filter(|k| !now.contains_key(*k))
+                        .map(|k| (k.clone(), None)),
+                );
+                // Each pod's change is looked for in every resolved rule: past a few, anew.
+                if changed.len() > RELISTED_PODS_TOLD {
+                    self.compiler.forget();
+                    return;
+                }
+                for (k, p) in changed {
+                    self.pod_changed(k, p);
+                }
+            }
+            Update::Policies(Change::Applied(p) | Change::Deleted(p)) => {
+                self.compiler.policy_changed(&key(&p.metadata))
+            }
+            Update::Policies(Change::Listed(items)) => {
+                let now: BTreeMap<_, _> = items.iter().map(|p| (key(&p.metadata), p)).collect();
+                let old = &self.objects.policies;
+                let changed: BTreeSet<_> = now
+                    .iter()
+                    .filter(|(k, p)| old.get(*k) != Some(**p))
+                    .map(|(k, _)| k.clone())
+                    .chain(old.keys().filter(|k| !now.contains_key(*k)).cloned())
+                    .collect();
+                for k in changed {
+                    self.compiler.policy_changed(&k);
+                }
+            }
+        }
+    }
+
+    /// Tells the compiler of the pod `key`'s change to `new` (None: gone).
+    fn pod_changed(&mut self, key: (String, String), new: Option<&Pod>) {
         let old = self.objects.pods.get(&key);
-        if deleted || old != Some(p) {
-            let new = (!deleted).then_some(p);
+        if old != new {
             self.compiler
                 .pod_changed(&self.objects, &self.node, old, new);
         }
-        true
     }
 
     /// Whether every kind has been listed, so that a pass may write.
@@ -448,5 +481,32 @@ mod tests {
         e.update(Update::Policies(Change::Applied(bad)), Instant::now());
         assert_eq!(e.pass(&mut k).unwrap().new_problems.len(), 1);
         assert!(e.pass(&mut k).unwrap().new_problems.is_empty());
+    }
+
+    #[test]
+    fn a_new_listing_is_told_to_the_compiler_change_by_change() {
+        let mut e = Enforcer::new("n1");
+        let mut k = Fake::default();
+        listed(&mut e);
+        let from_b: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": "from-b", "namespace": "x"},
+            "spec": {"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}}))
+        .unwrap();
+        e.update(Update::Policies(Change::Applied(from_b)), Instant::now());
+        e.pass(&mut k).unwrap();
+        let before = e.compiled().clone();
+        // Listed again: x/b came (of another node), x/a is as it was.
+        let mut b = pod("x", "b", "10.0.0.3");
+        b.spec.node_name = "n2".into();
+        let relisted = vec![pod("x", "a", "10.0.0.2"), b];
+        assert!(e.update(Update::Pods(Change::Listed(relisted)), Instant::now()));
+        e.pass(&mut k).unwrap();
+        assert_ne!(e.compiled(), &before);
+        assert_eq!(e.compiled(), &crate::compile::compile(e.objects(), "n1"));
+        // And gone again.
+        let relisted = vec![pod("x", "a", "10.0.0.2")];
+        assert!(e.update(Update::Pods(Change::Listed(relisted)), Instant::now()));
+        e.pass(&mut k).unwrap();
+        assert_eq!(e.compiled(), &before);
     }
 }
