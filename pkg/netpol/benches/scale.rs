@@ -7,8 +7,12 @@
 //! per second and iperf3's throughput, each side by side in the same run, alternated.
 //!
 //!   cargo bench -p flannel-netpol --bench scale      (as root; iperf3 for the throughput)
+//!
+//! `NETPOL_PAIR_ROUNDS` (6): the pair's rounds, alternated with and without the table;
+//! `NETPOL_IPERF_SECS` (10): each iperf3 run's seconds (3-second runs swung 0.87x to 1.09x).
 
 use cni_kernel::nft_commits::{Commit, TableCommits};
+use nix::sys::socket::{setsockopt, sockopt::Linger};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -213,6 +217,15 @@ fn pair(node: &TestNs) -> (TestNs, TestNs) {
     (pods.pop().unwrap(), cli)
 }
 
+/// A positive whole number from the environment, else `default`.
+fn pair_setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
 /// TCP connections per second from the client to the server over `secs`.
 fn connection_rate(srv: &TestNs, cli: &TestNs, secs: f64) -> f64 {
     let stop = AtomicBool::new(false);
@@ -227,6 +240,9 @@ fn connection_rate(srv: &TestNs, cli: &TestNs, secs: f64) -> f64 {
                     match l.accept() {
                         Ok((mut c, _)) => {
                             let _ = c.write_all(b"x");
+                            // The client ends it (a reset): no TIME_WAIT on either side.
+                            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                            let _ = c.read(&mut [0u8; 1]);
                         }
                         Err(_) => std::thread::sleep(Duration::from_micros(50)),
                     }
@@ -246,6 +262,16 @@ fn connection_rate(srv: &TestNs, cli: &TestNs, secs: f64) -> f64 {
                     if c.read(&mut buf).is_ok_and(|k| k == 1) {
                         n += 1;
                     }
+                    // Reset, not closed: a socket left in TIME_WAIT per connection ran the
+                    // rounds out of ports and made the rate a tenth of itself in some runs.
+                    let _ = setsockopt(
+                        &c,
+                        Linger,
+                        &nix::libc::linger {
+                            l_onoff: 1,
+                            l_linger: 0,
+                        },
+                    );
                 }
             }
             n as f64 / start.elapsed().as_secs_f64()
@@ -257,7 +283,7 @@ fn connection_rate(srv: &TestNs, cli: &TestNs, secs: f64) -> f64 {
 
 /// iperf3's throughput from the client to the server, Gbit/s, on 8080: the port the policies
 /// allow (5201 would be dropped with the table, and no run with it gave a figure).
-fn throughput(srv: &TestNs, cli: &TestNs) -> Option<f64> {
+fn throughput(srv: &TestNs, cli: &TestNs, secs: u64) -> Option<f64> {
     let mut server = srv
         .command("iperf3")
         .args(["-s", "-1", "-p", "8080"])
@@ -284,7 +310,7 @@ fn throughput(srv: &TestNs, cli: &TestNs) -> Option<f64> {
             "-p",
             "8080",
             "-t",
-            "3",
+            &secs.to_string(),
             "-J",
             "--connect-timeout",
             "3000",
@@ -475,7 +501,9 @@ fn main() {
     let mut rates = (Vec::new(), Vec::new());
     let mut gbits = (Vec::new(), Vec::new());
     let mut enforcer = Some(e);
-    for round in 0..6 {
+    let rounds = pair_setting("NETPOL_PAIR_ROUNDS", 6);
+    let secs = pair_setting("NETPOL_IPERF_SECS", 10);
+    for round in 0..rounds {
         let loaded = round % 2 == 0;
         if loaded && enforcer.is_none() {
             let e = Enforcer::start(
@@ -491,7 +519,7 @@ fn main() {
             node.run("nft", &["delete", "table", "inet", "flannel-netpol"]);
         }
         let r = connection_rate(&srv, &cli, 3.0);
-        let g = throughput(&srv, &cli);
+        let g = throughput(&srv, &cli, secs);
         let (rv, gv) = if loaded {
             (&mut rates.0, &mut gbits.0)
         } else {
