@@ -8,7 +8,9 @@
 //!
 //! Triggers that come in a burst (a transaction's leases, a device's entries deleted
 //! together) become one pass: a pass starts once its triggers have been quiet for [`QUIET`],
-//! or [`SETTLE`] after the first. Each plane's pass runs as a task of its own, so that a slow
+//! or [`SETTLE`] after the first; once [`BURST`] leases have come, [`BURST_SETTLE`] after the
+//! first, so that a burst still arriving is one pass, not one and a second that reads the
+//! kernel's tables again. Each plane's pass runs as a task of its own, so that a slow
 //! one (the firewall tools) never holds up another; lease events keep being taken during a
 //! pass, so that the registry's follower is never held up either.
 
@@ -27,6 +29,12 @@ use tracing::warn;
 pub const QUIET: Duration = Duration::from_millis(5);
 /// ...or this long after the first of them, whichever comes first.
 pub const SETTLE: Duration = Duration::from_millis(50);
+/// Leases gathered in one window that make it a burst: thousands of Node events reach the
+/// daemon over 30 to 170 ms as the load goes.
+pub const BURST: usize = 256;
+/// A burst's pass starts once its triggers have been quiet for QUIET, or this long after the
+/// first of them.
+pub const BURST_SETTLE: Duration = Duration::from_millis(250);
 
 struct Slot {
     /// None while a pass has it.
@@ -43,21 +51,26 @@ struct Slot {
 /// When the pass of the triggers gathered so far starts.
 struct Settle {
     at: Instant,
-    deadline: Instant,
+    first: Instant,
+    /// Leases that came in this window.
+    leases: usize,
 }
 
-/// Starts the settle window, or extends it by QUIET up to its deadline.
-fn touch(settle: &mut Option<Settle>) {
+/// Starts the settle window, or extends it up to its deadline; `leases` came with the trigger.
+fn touch(settle: &mut Option<Settle>, leases: usize) {
     let now = Instant::now();
-    match settle {
-        Some(s) => s.at = (now + QUIET).min(s.deadline),
-        None => {
-            *settle = Some(Settle {
-                at: now + QUIET.min(SETTLE),
-                deadline: now + SETTLE,
-            })
-        }
-    }
+    let s = settle.get_or_insert(Settle {
+        at: now,
+        first: now,
+        leases: 0,
+    });
+    s.leases += leases;
+    let cap = if s.leases >= BURST {
+        BURST_SETTLE
+    } else {
+        SETTLE
+    };
+    s.at = (now + QUIET).min(s.first + cap);
 }
 
 fn apply_batch(leases: &mut Leases, batch: Vec<Event>) {
@@ -185,7 +198,7 @@ impl Reconciler {
                 known = true;
                 changed = true;
                 self.mark(|s| s.follows);
-                touch(&mut settle);
+                touch(&mut settle, 0);
             }
             // Notifications are left unread while a listener writes: a burst of its own
             // overflows the socket (one "look again") instead of costing it time.
@@ -200,8 +213,9 @@ impl Reconciler {
             tokio::select! {
                 b = events.recv() => match b {
                     Some(b) => {
+                        let n = b.len();
                         waiting.push(b);
-                        touch(&mut settle);
+                        touch(&mut settle, n);
                     }
                     None => return,
                 },
@@ -211,7 +225,7 @@ impl Reconciler {
                             s.listens && s.plane.as_ref().is_some_and(|p| p.concerns(&ev))
                         });
                         if concerned || settle.is_some() {
-                            touch(&mut settle);
+                            touch(&mut settle, 0);
                         }
                     }
                     None => {
@@ -225,7 +239,7 @@ impl Reconciler {
                         s.dirty = true;
                         s.due = now + s.resync;
                     }
-                    touch(&mut settle);
+                    touch(&mut settle, 0);
                 }
                 _ = tokio::time::sleep_until(settle_at.unwrap_or(next_due)), if settle_at.is_some() => {
                     settle = None;
@@ -235,7 +249,7 @@ impl Reconciler {
                     Ok((i, plane)) => {
                         self.slots[i].plane = Some(plane);
                         if self.slots[i].dirty {
-                            touch(&mut settle);
+                            touch(&mut settle, 0);
                         }
                     }
                     Err(e) => std::panic::resume_unwind(e.into_panic()),
@@ -353,6 +367,43 @@ mod tests {
         // Its timer: a pass with nothing changed.
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(taken(&dp).last(), Some(&Some((3, false))));
+        task.abort();
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_burst_still_arriving_past_the_settle_window_is_one_pass() {
+        let (datapath, dp) = recorder(true, Duration::from_secs(10), Duration::ZERO);
+        let r = Reconciler::new(vec![datapath]);
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(r.run(rx));
+        tx.send(Vec::new()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(taken(&dp), [Some((0, true))]);
+        // 2,000 leases in twenty batches 4 ms apart: 76 ms, past SETTLE, under BURST_SETTLE.
+        let mut i = 0u32;
+        for _ in 0..20 {
+            let batch = (0..100)
+                .map(|_| {
+                    i += 1;
+                    Event::Added(Arc::new(Lease {
+                        key: SubnetKey::parse(&format!("10.{}.{}.0-24", 6 + i / 256, i % 256))
+                            .unwrap(),
+                        attrs: lease(1).attrs.clone(),
+                    }))
+                })
+                .collect();
+            tx.send(batch).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(4)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(taken(&dp), [Some((0, true)), Some((2000, true))]);
+        // One lease alone is not held up by the burst's window.
+        let sent = Instant::now();
+        tx.send(vec![Event::Added(lease(1))]).await.unwrap();
+        while taken(&dp).len() < 3 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(sent.elapsed() <= QUIET + Duration::from_millis(2));
         task.abort();
     }
 
