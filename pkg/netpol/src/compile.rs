@@ -16,7 +16,7 @@
 //! kernel's conntrack lets them back).
 
 use crate::model::{NetworkPolicy, Peer, Pod, PolicyPort, PortRef, Rule};
-use crate::objects::{Key, Objects};
+use crate::objects::{key, Key, Objects};
 use crate::ranges::{
     addr_value, disjoint, parse_cidr, AllowBox, Bounds, Elem, Family, Ranges, Service,
 };
@@ -593,10 +593,6 @@ pub struct Compiler {
     dirty_namespaces: BTreeSet<String>,
 }
 
-fn key_of(meta: &crate::model::Meta) -> Key {
-    (meta.namespace.clone(), meta.name.clone())
-}
-
 impl Compiler {
     /// Everything is compiled again next time.
     pub fn forget(&mut self) {
@@ -621,7 +617,7 @@ impl Compiler {
         let versions: Vec<&Pod> = [old, new].into_iter().flatten().collect();
         for p in &versions {
             if p.spec.node_name == node {
-                self.dirty.insert(key_of(&p.metadata));
+                self.dirty.insert(key(&p.metadata));
             }
         }
         let peers: Vec<(&Pod, crate::model::Labels)> = versions

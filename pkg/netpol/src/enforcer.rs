@@ -12,7 +12,7 @@
 use crate::compile::{Compiled, Compiler, Direction, Problem};
 use crate::model::{Namespace, NetworkPolicy, Pod};
 use crate::nft::{plan, Desired, Plan, Table};
-use crate::objects::{Change, Objects};
+use crate::objects::{key, Change, Key, Objects};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -130,9 +130,6 @@ impl Enforcer {
     /// Tells the compiler which pods and policies `u` changes (a namespace's change it is told
     /// once the objects took it in).
     fn tell_compiler(&mut self, u: &Update) {
-        fn key(m: &crate::model::Meta) -> (String, String) {
-            (m.namespace.clone(), m.name.clone())
-        }
         match u {
             Update::Namespaces(_) => {}
             Update::Pods(Change::Applied(p)) => self.pod_changed(key(&p.metadata), Some(p)),
@@ -180,8 +177,8 @@ impl Enforcer {
     }
 
     /// Tells the compiler of the pod `key`'s change to `new` (None: gone).
-    fn pod_changed(&mut self, key: (String, String), new: Option<&Pod>) {
-        let old = self.objects.pods.get(&key);
+    fn pod_changed(&mut self, k: Key, new: Option<&Pod>) {
+        let old = self.objects.pods.get(&k);
         if old != new {
             self.compiler
                 .pod_changed(&self.objects, &self.node, old, new);

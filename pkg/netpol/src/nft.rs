@@ -465,21 +465,28 @@ fn write_elements(out: &mut String, elements: &[Elements]) {
     }
 }
 
+/// The change of `elems` to the set or map `name`; None when there are none.
+fn element_change(name: &str, add: bool, elems: impl Iterator<Item = Element>) -> Option<Elements> {
+    let elems: Vec<Element> = elems.collect();
+    (!elems.is_empty()).then(|| Elements {
+        name: name.to_string(),
+        add,
+        elems,
+    })
+}
+
 fn set_elements<'a>(
     name: &str,
     add: bool,
     f: Family,
     elems: impl IntoIterator<Item = &'a (u128, u128)>,
 ) -> Option<Elements> {
-    let elems: Vec<Element> = elems
-        .into_iter()
-        .map(|(lo, hi)| Element::Range(f.addr(*lo), f.addr(*hi)))
-        .collect();
-    (!elems.is_empty()).then(|| Elements {
-        name: name.to_string(),
+    let elems = elems.into_iter();
+    element_change(
+        name,
         add,
-        elems,
-    })
+        elems.map(|(lo, hi)| Element::Range(f.addr(*lo), f.addr(*hi))),
+    )
 }
 
 fn map_elements<'a>(
@@ -488,15 +495,12 @@ fn map_elements<'a>(
     f: Family,
     elems: impl IntoIterator<Item = (&'a u128, &'a String)>,
 ) -> Option<Elements> {
-    let elems: Vec<Element> = elems
-        .into_iter()
-        .map(|(a, c)| Element::Jump(f.addr(*a), c.clone()))
-        .collect();
-    (!elems.is_empty()).then(|| Elements {
-        name: name.to_string(),
+    let elems = elems.into_iter();
+    element_change(
+        name,
         add,
-        elems,
-    })
+        elems.map(|(a, c)| Element::Jump(f.addr(*a), c.clone())),
+    )
 }
 
 fn write_set(out: &mut String, name: &str, family: Family) {

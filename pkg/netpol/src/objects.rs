@@ -15,7 +15,8 @@ pub struct Objects {
     pub policies: BTreeMap<Key, NetworkPolicy>,
 }
 
-fn key(meta: &crate::model::Meta) -> Key {
+/// An object's key: its namespace and name.
+pub fn key(meta: &crate::model::Meta) -> Key {
     (meta.namespace.clone(), meta.name.clone())
 }
 
