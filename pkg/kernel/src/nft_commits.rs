@@ -76,21 +76,27 @@ fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::
     }
 }
 
+/// An nfnetlink socket bound in this thread's network namespace; `what` names its use in errors.
+pub(crate) fn nfnetlink_socket(what: &str) -> Result<OwnedFd> {
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkNetFilter,
+    )
+    .map_err(|e| Error::os("opening an nfnetlink socket for", what, e))?;
+    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
+        .map_err(|e| Error::os("binding an nfnetlink socket for", what, e))?;
+    Ok(fd)
+}
+
 impl TableCommits {
     /// Listens in this thread's network namespace.
     pub fn subscribe(family: &str, table: &str) -> Result<TableCommits> {
         let what = format!("table {family} {table}");
         let family = family_number(family)
             .ok_or_else(|| Error::invalid("watching", &what, "no such nftables family"))?;
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(|e| Error::os("opening an nfnetlink socket for", &what, e))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-            .map_err(|e| Error::os("binding an nfnetlink socket for", &what, e))?;
+        let fd = nfnetlink_socket(&what)?;
         let group = NFNLGRP_NFTABLES as libc::c_int;
         let e = setsockopt_int(&fd, libc::SOL_NETLINK, libc::NETLINK_ADD_MEMBERSHIP, group);
         if e != Errno::UnknownErrno {

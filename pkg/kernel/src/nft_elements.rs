@@ -8,12 +8,11 @@
 //! last address), as `nft` writes them.
 
 use crate::error::{Error, Result};
-use crate::nft_commits::{family_number, NFGENMSG_LEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN};
-use nix::errno::Errno;
-use nix::sys::socket::{
-    bind, recv, send, setsockopt, socket, sockopt, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
-    SockProtocol, SockType,
+use crate::nft_commits::{
+    family_number, nfnetlink_socket, NFGENMSG_LEN, NFNL_SUBSYS_NFTABLES, NLMSG_HDRLEN,
 };
+use nix::errno::Errno;
+use nix::sys::socket::{recv, send, setsockopt, sockopt, MsgFlags};
 use nix::sys::time::TimeVal;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -203,8 +202,7 @@ impl Batch {
         push_attr(&mut self.buf, NFTA_SET_KEY_LEN, &len.to_be_bytes());
         let id = self.sets.len() as u32;
         push_attr(&mut self.buf, NFTA_SET_ID, &id.to_be_bytes());
-        let len = (self.buf.len() - start) as u32;
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        end_message(&mut self.buf, start);
     }
 
     /// Adds `elements` to the set or map `set`.
@@ -263,22 +261,32 @@ impl Batch {
 
     fn close(&mut self, start: usize, list: usize) {
         end_nest(&mut self.buf, list);
-        let len = (self.buf.len() - start) as u32;
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        end_message(&mut self.buf, start);
     }
 
     /// The whole batch as sent: begin, the messages, end.
     fn bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.buf.len() + 2 * (NLMSG_HDRLEN + NFGENMSG_LEN));
+        let begin = header(
+            &mut out,
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            0,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        end_message(&mut out, begin);
+        out.extend(&self.buf);
         let end_seq = self.sets.len() as u32 + 1;
-        for (kind, seq) in [(NFNL_MSG_BATCH_BEGIN, 0), (NFNL_MSG_BATCH_END, end_seq)] {
-            if kind == NFNL_MSG_BATCH_END {
-                out.extend(&self.buf);
-            }
-            let at = header(&mut out, kind, NLM_F_REQUEST, seq, 0, NFNL_SUBSYS_NFTABLES);
-            let len = (out.len() - at) as u32;
-            out[at..at + 4].copy_from_slice(&len.to_ne_bytes());
-        }
+        let end = header(
+            &mut out,
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            end_seq,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+        );
+        end_message(&mut out, end);
         out
     }
 
@@ -286,15 +294,7 @@ impl Batch {
     /// commit with (this thread's).
     pub fn commit(&self) -> Result<u32> {
         let what = "nf_tables set elements";
-        let fd = socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            SockProtocol::NetlinkNetFilter,
-        )
-        .map_err(|e| Error::os("opening an nfnetlink socket for", what, e))?;
-        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
-            .map_err(|e| Error::os("binding an nfnetlink socket for", what, e))?;
+        let fd = nfnetlink_socket(what)?;
         let bytes = self.bytes();
         // The batch goes in one message, or the kernel sees no end to it.
         setsockopt(&fd, sockopt::SndBufForce, &(bytes.len() + 4096))
@@ -339,6 +339,12 @@ fn header(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, family: u8, res_id
     buf.extend([family, 0]);
     buf.extend(res_id.to_be_bytes());
     at
+}
+
+/// Writes the length of the message that starts at `at` and ends the buffer.
+fn end_message(buf: &mut [u8], at: usize) {
+    let len = (buf.len() - at) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// The acknowledgements in what the kernel answered: (sequence number, errno; 0 for success).
