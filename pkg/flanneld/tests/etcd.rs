@@ -629,3 +629,57 @@ fn a_refused_user_names_the_flags_it_came_from() {
         "{e}"
     );
 }
+
+/// A member that takes connections and answers nothing, as a restarted etcd member does until
+/// its quorum lets it publish itself (the client counts it ready all the same): each request
+/// that tries it goes on to the member that answers within a fraction of a second, and the
+/// next ones go there first. Both orders of the endpoints, so that one registry starts with the
+/// silent member whichever it starts with.
+#[test]
+fn a_member_that_takes_connections_and_never_answers_is_left_within_a_second() {
+    use flanneld::registry::etcd::{EtcdOptions, EtcdRegistry};
+    use flanneld::registry::Registry;
+    let node = Node::new("fcs");
+    let etcd = Etcd::start(&node);
+    config(&node, &etcd);
+    let silent_url = "http://127.0.0.1:2391";
+    // Listening, never accepting: the kernel completes each connection and keeps what is sent.
+    let silent = node
+        .ns
+        .run_inside(|| std::net::TcpListener::bind("127.0.0.1:2391"))
+        .expect("a listener on 127.0.0.1:2391");
+    let orders = [
+        vec![silent_url.to_string(), etcd.client_url.clone()],
+        vec![etcd.client_url.clone(), silent_url.to_string()],
+    ];
+    for endpoints in orders {
+        let slowest = node.ns.run_inside(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime");
+            rt.block_on(async {
+                let opts = EtcdOptions {
+                    endpoints: endpoints.clone(),
+                    prefix: PREFIX.to_string(),
+                    ..Default::default()
+                };
+                let reg = EtcdRegistry::connect(opts).await.expect("the registry");
+                let mut slowest = Duration::ZERO;
+                for _ in 0..10 {
+                    let t = std::time::Instant::now();
+                    let config = reg.config().await.expect("the network config");
+                    assert_eq!(config.as_deref(), Some(CONFIG.as_bytes()));
+                    reg.list().await.expect("the leases");
+                    slowest = slowest.max(t.elapsed());
+                }
+                slowest
+            })
+        });
+        assert!(
+            slowest < Duration::from_secs(1),
+            "with endpoints {endpoints:?}, a config read and a listing took {slowest:?}"
+        );
+    }
+    drop(silent);
+}

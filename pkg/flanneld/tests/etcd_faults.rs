@@ -340,8 +340,8 @@ impl Run {
         );
     }
 
-    /// When each route between `index` and the other running nodes came, after `since`; and
-    /// the logs of `index`, for a failure's message.
+    /// When each route between `index` and the other running nodes came, after `since`; the
+    /// log of `index` and the ends of the others', for a failure's message.
     fn timeline(&self, index: u8, since: SystemTime) -> String {
         let s = self.seen.lock().unwrap();
         let mut out = String::new();
@@ -357,7 +357,18 @@ impl Run {
             }
         }
         drop(s);
-        out + &self.c.node(index).log()
+        out += &self.c.node(index).log();
+        // The others' last lines: a node late to program `index` says why in its own log.
+        for other in self.running().into_iter().filter(|&o| o != index) {
+            let log = self.c.node(other).log();
+            let lines: Vec<&str> = log.lines().collect();
+            out += &format!("--- node {other}'s log, its last 40 lines:\n");
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                out += line;
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// When node `index`'s flanneld first logged a line with `needle`, by its log's stamp.

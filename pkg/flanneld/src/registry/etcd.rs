@@ -8,7 +8,10 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
     PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
@@ -16,13 +19,21 @@ use tokio::sync::mpsc;
 /// failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long one try of a request that may be repeated waits for its member: a member cut off
-/// the network holds it until then, and the next try goes to another.
+/// How long one try of a request that may be repeated waits for its member at most: a member
+/// cut off the network holds it until then, and the next try goes to another.
 const TRY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The pause after a failed try, doubling up to the second: a member without a leader fails a
-/// request at once, so during a lost quorum this paces the tries, and the first one after the
-/// quorum's return comes within it.
+/// How long the first try of a request that may be repeated waits at least: it waits
+/// [`TRY_SLACK`] times as long as the last answer to the same request took, up to TRY_TIMEOUT,
+/// and each try after one that ran out of time twice as long. A member that takes connections and
+/// answers nothing (a restarted one, until its quorum lets it publish itself; the client counts
+/// it ready all the same) then costs a request a fraction of a second, not TRY_TIMEOUT.
+const FIRST_TRY: Duration = Duration::from_millis(250);
+const TRY_SLACK: u32 = 4;
+
+/// The pause after every member failed a try, doubling up to the second: a member without a
+/// leader fails a request at once, so during a lost quorum this paces the tries, and the first
+/// one after the quorum's return comes within it.
 const TRY_PAUSES: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
 
 /// The largest answer taken from etcd, as Go's etcd client takes (2 GiB): the gRPC library's
@@ -50,9 +61,21 @@ pub struct EtcdOptions {
     pub password: Option<String>,
 }
 
-pub struct EtcdRegistry {
-    /// Connected at the first request.
+/// One member of --etcd-endpoints, with its own client: the registry chooses the member of each
+/// try itself, so that a try that failed on one goes to another.
+struct Member {
+    endpoint: String,
+    /// Connected at its first try.
     client: tokio::sync::OnceCell<Client>,
+}
+
+pub struct EtcdRegistry {
+    members: Vec<Member>,
+    /// The member a request tries first: the last that answered, or the one after the last that
+    /// failed.
+    preferred: AtomicUsize,
+    /// How long the last answer to each request (by what it does) took.
+    answered_in: Mutex<HashMap<String, Duration>>,
     connect: ConnectOptions,
     opts: EtcdOptions,
 }
@@ -158,76 +181,6 @@ fn worth_another_try(e: &etcd_client::Error, repeat: Repeat) -> bool {
     }
 }
 
-/// One request to etcd: `send` makes each try with a handle of the client; a try that fails
-/// for its member is made again after a short pause (see [`Repeat`]), until REQUEST_TIMEOUT.
-async fn request<T, F, Fut>(
-    opts: &EtcdOptions,
-    what: &str,
-    client: &Client,
-    repeat: Repeat,
-    mut send: F,
-) -> Result<T>
-where
-    F: FnMut(Client) -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-{
-    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
-    let mut pause = TRY_PAUSES.0;
-    // The last failure a member gave, said rather than a timeout when time runs out.
-    let mut last = None;
-    let failed = |last: Option<etcd_client::Error>| match last {
-        Some(source) => RegistryError::Etcd {
-            what: what.to_string(),
-            cause: etcd_cause(&source, opts),
-            source,
-        },
-        None => RegistryError::Timeout {
-            what: what.to_string(),
-            after: REQUEST_TIMEOUT,
-        },
-    };
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let limit = match repeat {
-            Repeat::Any => left.min(TRY_TIMEOUT),
-            Repeat::IfNotApplied => left,
-        };
-        match tokio::time::timeout(limit, send(client.clone())).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) if worth_another_try(&e, repeat) => last = Some(e),
-            Ok(Err(e)) => return Err(failed(Some(e))),
-            Err(_) if repeat == Repeat::IfNotApplied => return Err(failed(None)),
-            Err(_) => {}
-        }
-        if tokio::time::Instant::now() + pause >= deadline {
-            return Err(failed(last));
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(TRY_PAUSES.1);
-    }
-}
-
-/// Connecting: one try, bounded by REQUEST_TIMEOUT (the client connects lazily; only a user's
-/// authentication makes a request here).
-async fn timed<T>(
-    opts: &EtcdOptions,
-    what: &str,
-    f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-) -> Result<T> {
-    match tokio::time::timeout(REQUEST_TIMEOUT, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(source)) => Err(RegistryError::Etcd {
-            what: what.to_string(),
-            cause: etcd_cause(&source, opts),
-            source,
-        }),
-        Err(_) => Err(RegistryError::Timeout {
-            what: what.to_string(),
-            after: REQUEST_TIMEOUT,
-        }),
-    }
-}
-
 /// A file a flag names; `what` says which (`reading --etcd-cafile`).
 fn read(path: &PathBuf, what: &'static str) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|source| RegistryError::File {
@@ -273,28 +226,135 @@ impl EtcdRegistry {
         Ok(co)
     }
 
-    /// The registry, its options checked; it connects at its first request, and again at
-    /// the next one while it cannot.
+    /// The registry, its options checked; it connects to each member at the first try that
+    /// goes there, and again at the next while it cannot.
     pub async fn connect(opts: EtcdOptions) -> Result<EtcdRegistry> {
+        let members: Vec<Member> = opts
+            .endpoints
+            .iter()
+            .map(|e| Member {
+                endpoint: e.clone(),
+                client: tokio::sync::OnceCell::new(),
+            })
+            .collect();
+        // Nodes start on different members, as Go's client spreads its requests.
+        let first = std::process::id() as usize % members.len().max(1);
         Ok(EtcdRegistry {
-            client: tokio::sync::OnceCell::new(),
+            members,
+            preferred: AtomicUsize::new(first),
+            answered_in: Mutex::new(HashMap::new()),
             connect: Self::connect_options(&opts)?,
             opts,
         })
     }
 
-    /// The client, connected (no request is made unless a user must authenticate).
-    async fn client(&self) -> Result<Client> {
-        let opts = &self.opts;
-        let client = self
+    /// Member `m`'s client, connected (no request is made unless a user must authenticate).
+    async fn member(&self, m: usize) -> std::result::Result<Client, etcd_client::Error> {
+        let Some(member) = self.members.get(m) else {
+            return Err(etcd_client::Error::InvalidArgs(
+                "no etcd endpoint (--etcd-endpoints)".into(),
+            ));
+        };
+        let client = member
             .client
-            .get_or_try_init(|| async {
-                let what = format!("connecting to etcd at {}", opts.endpoints.join(","));
-                let connect = Client::connect(&opts.endpoints, Some(self.connect.clone()));
-                timed(opts, &what, connect).await
-            })
+            .get_or_try_init(|| Client::connect([&member.endpoint], Some(self.connect.clone())))
             .await?;
         Ok(client.clone())
+    }
+
+    /// How long the first try of `what` may wait (see [`FIRST_TRY`]).
+    fn first_try(&self, what: &str) -> Duration {
+        let last = self
+            .answered_in
+            .lock()
+            .ok()
+            .and_then(|a| a.get(what).copied());
+        last.map_or(FIRST_TRY, |d| (d * TRY_SLACK).clamp(FIRST_TRY, TRY_TIMEOUT))
+    }
+
+    fn answered(&self, what: &str, took: Duration) {
+        if let Ok(mut a) = self.answered_in.lock() {
+            match a.get_mut(what) {
+                Some(d) => *d = took,
+                None => {
+                    a.insert(what.to_string(), took);
+                }
+            }
+        }
+    }
+
+    /// One request to etcd: `send` makes each try with a member's client. A try that fails for
+    /// its member (see [`Repeat`]) is made again on the next member, and the next request
+    /// starts there; after a try on every member failed, a short pause. Until REQUEST_TIMEOUT.
+    async fn request<T, F, Fut>(&self, what: &str, repeat: Repeat, mut send: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        let n = self.members.len().max(1);
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut try_limit = self.first_try(what);
+        let mut pause = TRY_PAUSES.0;
+        // The last failure a member gave, said rather than a timeout when time runs out.
+        let mut last = None;
+        let failed = |last: Option<etcd_client::Error>| match last {
+            Some(source) => RegistryError::Etcd {
+                what: what.to_string(),
+                cause: etcd_cause(&source, &self.opts),
+                source,
+            },
+            None => RegistryError::Timeout {
+                what: what.to_string(),
+                after: REQUEST_TIMEOUT,
+            },
+        };
+        for tried in 1.. {
+            let m = (start + tried - 1) % n;
+            let began = tokio::time::Instant::now();
+            let left = deadline.saturating_duration_since(began);
+            let limit = match repeat {
+                Repeat::Any => left.min(try_limit),
+                Repeat::IfNotApplied => left,
+            };
+            let answer = tokio::time::timeout(limit, async {
+                let client = self.member(m).await?;
+                send(client).await
+            })
+            .await;
+            match answer {
+                Ok(Ok(v)) => {
+                    self.preferred.store(m, Ordering::Relaxed);
+                    self.answered(what, began.elapsed());
+                    return Ok(v);
+                }
+                Ok(Err(e)) if worth_another_try(&e, repeat) => last = Some(e),
+                Ok(Err(e)) => return Err(failed(Some(e))),
+                Err(_) if repeat == Repeat::IfNotApplied => return Err(failed(None)),
+                // Only a member that held the try so long makes the next one wait longer: one
+                // that failed at once says nothing of how long an answer takes.
+                Err(_) => try_limit = (try_limit * 2).min(TRY_TIMEOUT),
+            }
+            let _ = self.preferred.compare_exchange(
+                m,
+                (m + 1) % n,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            let now = tokio::time::Instant::now();
+            let wait = if tried % n == 0 {
+                let p = pause;
+                pause = (pause * 2).min(TRY_PAUSES.1);
+                p
+            } else {
+                Duration::ZERO
+            };
+            if now + wait >= deadline {
+                return Err(failed(last));
+            }
+            tokio::time::sleep(wait).await;
+        }
+        Err(failed(last))
     }
 
     fn subnets_prefix(&self) -> String {
@@ -313,7 +373,6 @@ impl EtcdRegistry {
     /// again from that answer's revision, so nodes starting together do not take turns.
     async fn create_guarded(
         &self,
-        c: &Client,
         key: &SubnetKey,
         path: &str,
         value: &str,
@@ -351,11 +410,12 @@ impl EtcdRegistry {
                 )])
                 .or_else(otherwise);
             let what = format!("creating {path}");
-            let r = request(&self.opts, &what, c, Repeat::IfNotApplied, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+            let r = self
+                .request(&what, Repeat::IfNotApplied, |mut c| {
+                    let txn = txn.clone();
+                    async move { c.txn(txn).await }
+                })
+                .await?;
             if r.succeeded() {
                 return Ok(());
             }
@@ -386,40 +446,42 @@ impl EtcdRegistry {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let c = self.client().await?;
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
         let what = "granting an etcd lease";
-        let grant = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
-            c.lease_grant(ttl_secs, None).await
-        })
-        .await?;
+        let grant = self
+            .request(what, Repeat::Any, |mut c| async move {
+                c.lease_grant(ttl_secs, None).await
+            })
+            .await?;
         Ok(grant.id())
     }
 }
 
 impl EtcdRegistry {
     async fn read_config(&self) -> Result<Option<Vec<u8>>> {
-        let c = self.client().await?;
         let key = format!("{}/config", self.opts.prefix);
         let what = format!("reading {key}");
         let key = key.as_str();
-        let resp = request(&self.opts, &what, &c, Repeat::Any, |mut c| async move {
-            c.get(key, None).await
-        })
-        .await?;
+        let resp = self
+            .request(
+                &what,
+                Repeat::Any,
+                |mut c| async move { c.get(key, None).await },
+            )
+            .await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
     }
 
     async fn list_leases(&self) -> Result<Listing> {
-        let c = self.client().await?;
         let prefix = self.subnets_prefix();
         let what = format!("listing {prefix}");
         let from = prefix.as_str();
-        let resp = request(&self.opts, &what, &c, Repeat::Any, |c| async move {
-            let mut kv = c.kv_client().max_decoding_message_size(MAX_ANSWER);
-            kv.get(from, Some(GetOptions::new().with_prefix())).await
-        })
-        .await?;
+        let resp = self
+            .request(&what, Repeat::Any, |c| async move {
+                let mut kv = c.kv_client().max_decoding_message_size(MAX_ANSWER);
+                kv.get(from, Some(GetOptions::new().with_prefix())).await
+            })
+            .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
         let entries = resp
             .kvs()
@@ -445,16 +507,12 @@ impl EtcdRegistry {
 
     async fn follow(&self, revision: i64, tx: mpsc::Sender<Change>) -> WatchEnd {
         let prefix = self.subnets_prefix();
-        let c = match self.client().await {
-            Ok(c) => c,
-            Err(e) => return WatchEnd::Broken(e),
-        };
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
         let what = format!("watching {prefix}");
         let from = prefix.as_str();
-        let watching = request(&self.opts, &what, &c, Repeat::Any, |c| {
+        let watching = self.request(&what, Repeat::Any, |c| {
             let opts = opts.clone();
             async move {
                 let mut w = c.watch_client().max_decoding_message_size(MAX_ANSWER);
@@ -546,19 +604,17 @@ impl KeyValue for EtcdRegistry {
     ) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let c = self.client().await?;
-        let result = self
-            .create_guarded(&c, key, &path, value, lease, listed)
-            .await;
+        let result = self.create_guarded(key, &path, value, lease, listed).await;
         match result {
             Ok(()) => Ok(SystemTime::now() + ttl),
             Err(e) => {
                 // The grant would only expire by itself; give it back now.
                 let what = "revoking an unused etcd lease";
-                let _ = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
-                    c.lease_revoke(lease).await
-                })
-                .await;
+                let _ = self
+                    .request(what, Repeat::Any, |mut c| async move {
+                        c.lease_revoke(lease).await
+                    })
+                    .await;
                 Err(e)
             }
         }
@@ -570,7 +626,6 @@ impl KeyValue for EtcdRegistry {
     async fn put(&self, key: &SubnetKey, value: &str, ttl: Duration) -> Result<SystemTime> {
         let lease = self.grant(ttl).await?;
         let path = self.lease_key(key);
-        let c = self.client().await?;
         let txn = Txn::new()
             .when([
                 Compare::version(path.as_str(), CompareOp::Greater, 0),
@@ -584,28 +639,29 @@ impl KeyValue for EtcdRegistry {
             )]);
         // Either branch writes the same value again: the renewal may be tried twice.
         let what = format!("renewing {path}");
-        let r = request(&self.opts, &what, &c, Repeat::Any, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await?;
+        let r = self
+            .request(&what, Repeat::Any, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if r.succeeded() {
             // A reservation holds no lease: the one granted is not needed.
             let what = "revoking an unused etcd lease";
-            let _ = request(&self.opts, what, &c, Repeat::Any, |mut c| async move {
-                c.lease_revoke(lease).await
-            })
-            .await;
+            let _ = self
+                .request(what, Repeat::Any, |mut c| async move {
+                    c.lease_revoke(lease).await
+                })
+                .await;
         }
         Ok(SystemTime::now() + ttl)
     }
 
     async fn delete(&self, key: &SubnetKey) -> Result<()> {
         let path = self.lease_key(key);
-        let c = self.client().await?;
         let what = format!("deleting {path}");
         let at = path.as_str();
-        request(&self.opts, &what, &c, Repeat::Any, |mut c| async move {
+        self.request(&what, Repeat::Any, |mut c| async move {
             c.delete(at, None).await
         })
         .await?;
@@ -620,6 +676,29 @@ mod tests {
 
     fn status(code: Code, message: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(Status::new(code, message))
+    }
+
+    #[tokio::test]
+    async fn a_first_try_waits_a_few_times_the_last_answer_within_its_bounds() {
+        let opts = EtcdOptions {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            ..Default::default()
+        };
+        let reg = EtcdRegistry::connect(opts).await.expect("the registry");
+        assert_eq!(reg.first_try("listing"), FIRST_TRY);
+        for (took, first) in [
+            (Duration::from_millis(10), FIRST_TRY),
+            (Duration::from_millis(100), Duration::from_millis(400)),
+            (Duration::from_secs(1), TRY_TIMEOUT),
+        ] {
+            reg.answered("listing", took);
+            assert_eq!(
+                reg.first_try("listing"),
+                first,
+                "after an answer in {took:?}"
+            );
+        }
+        assert_eq!(reg.first_try("reading"), FIRST_TRY);
     }
 
     #[test]
