@@ -262,14 +262,15 @@ impl EtcdRegistry {
         Ok(client.clone())
     }
 
-    /// How long the first try of `what` may wait (see [`FIRST_TRY`]).
-    fn first_try(&self, what: &str) -> Duration {
+    /// How long the first try of `what` may wait (see [`FIRST_TRY`]); `unknown` before any
+    /// answer to it.
+    fn first_try(&self, what: &str, unknown: Duration) -> Duration {
         let last = self
             .answered_in
             .lock()
             .ok()
             .and_then(|a| a.get(what).copied());
-        last.map_or(FIRST_TRY, |d| (d * TRY_SLACK).clamp(FIRST_TRY, TRY_TIMEOUT))
+        last.map_or(unknown, |d| (d * TRY_SLACK).clamp(FIRST_TRY, TRY_TIMEOUT))
     }
 
     fn answered(&self, what: &str, took: Duration) {
@@ -286,7 +287,23 @@ impl EtcdRegistry {
     /// One request to etcd: `send` makes each try with a member's client. A try that fails for
     /// its member (see [`Repeat`]) is made again on the next member, and the next request
     /// starts there; after a try on every member failed, a short pause. Until REQUEST_TIMEOUT.
-    async fn request<T, F, Fut>(&self, what: &str, repeat: Repeat, mut send: F) -> Result<T>
+    async fn request<T, F, Fut>(&self, what: &str, repeat: Repeat, send: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let first = self.first_try(what, FIRST_TRY);
+        self.request_from(what, repeat, first, send).await
+    }
+
+    /// A request whose first try waits `first`.
+    async fn request_from<T, F, Fut>(
+        &self,
+        what: &str,
+        repeat: Repeat,
+        first: Duration,
+        mut send: F,
+    ) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -294,7 +311,7 @@ impl EtcdRegistry {
         let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
         let n = self.members.len().max(1);
         let start = self.preferred.load(Ordering::Relaxed);
-        let mut try_limit = self.first_try(what);
+        let mut try_limit = first;
         let mut pause = TRY_PAUSES.0;
         // The last failure a member gave, said rather than a timeout when time runs out.
         let mut last = None;
@@ -476,8 +493,10 @@ impl EtcdRegistry {
         let prefix = self.subnets_prefix();
         let what = format!("listing {prefix}");
         let from = prefix.as_str();
+        // A listing's size is the cluster's: its first ever try waits as long as any.
+        let first = self.first_try(&what, TRY_TIMEOUT);
         let resp = self
-            .request(&what, Repeat::Any, |c| async move {
+            .request_from(&what, Repeat::Any, first, |c| async move {
                 let mut kv = c.kv_client().max_decoding_message_size(MAX_ANSWER);
                 kv.get(from, Some(GetOptions::new().with_prefix())).await
             })
@@ -685,7 +704,7 @@ mod tests {
             ..Default::default()
         };
         let reg = EtcdRegistry::connect(opts).await.expect("the registry");
-        assert_eq!(reg.first_try("listing"), FIRST_TRY);
+        assert_eq!(reg.first_try("listing", FIRST_TRY), FIRST_TRY);
         for (took, first) in [
             (Duration::from_millis(10), FIRST_TRY),
             (Duration::from_millis(100), Duration::from_millis(400)),
@@ -693,12 +712,12 @@ mod tests {
         ] {
             reg.answered("listing", took);
             assert_eq!(
-                reg.first_try("listing"),
+                reg.first_try("listing", FIRST_TRY),
                 first,
                 "after an answer in {took:?}"
             );
         }
-        assert_eq!(reg.first_try("reading"), FIRST_TRY);
+        assert_eq!(reg.first_try("reading", TRY_TIMEOUT), TRY_TIMEOUT);
     }
 
     #[test]
