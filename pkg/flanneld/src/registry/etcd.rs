@@ -24,16 +24,16 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const TRY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the first try of a request that may be repeated waits at least: it waits
-/// [`TRY_SLACK`] times as long as the last answer to the same request took, up to TRY_TIMEOUT,
-/// and each try after one that ran out of time twice as long. A member that takes connections and
+/// [`TRY_SLACK`] times as long as the last answer to the same request took, up to TRY_TIMEOUT;
+/// after a round of the members in which one ran out of time, twice as long. A member that takes connections and
 /// answers nothing (a restarted one, until its quorum lets it publish itself; the client counts
 /// it ready all the same) then costs a request a fraction of a second, not TRY_TIMEOUT.
 const FIRST_TRY: Duration = Duration::from_millis(250);
 const TRY_SLACK: u32 = 4;
 
-/// The pause after every member failed a try, doubling up to the second: a member without a
-/// leader fails a request at once, so during a lost quorum this paces the tries, and the first
-/// one after the quorum's return comes within it.
+/// The pause after every member failed a try at once, doubling up to the second: a member
+/// without a leader fails a request at once, so during a lost quorum this paces the tries, and
+/// the first one after the quorum's return comes within it.
 const TRY_PAUSES: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
 
 /// The largest answer taken from etcd, as Go's etcd client takes (2 GiB): the gRPC library's
@@ -312,6 +312,8 @@ impl EtcdRegistry {
         let n = self.members.len().max(1);
         let start = self.preferred.load(Ordering::Relaxed);
         let mut try_limit = first;
+        // Whether a try of this round of the members ran out of time.
+        let mut timed_out = false;
         let mut pause = TRY_PAUSES.0;
         // The last failure a member gave, said rather than a timeout when time runs out.
         let mut last = None;
@@ -348,9 +350,7 @@ impl EtcdRegistry {
                 Ok(Err(e)) if worth_another_try(&e, repeat) => last = Some(e),
                 Ok(Err(e)) => return Err(failed(Some(e))),
                 Err(_) if repeat == Repeat::IfNotApplied => return Err(failed(None)),
-                // Only a member that held the try so long makes the next one wait longer: one
-                // that failed at once says nothing of how long an answer takes.
-                Err(_) => try_limit = (try_limit * 2).min(TRY_TIMEOUT),
+                Err(_) => timed_out = true,
             }
             let _ = self.preferred.compare_exchange(
                 m,
@@ -359,13 +359,18 @@ impl EtcdRegistry {
                 Ordering::Relaxed,
             );
             let now = tokio::time::Instant::now();
-            let wait = if tried % n == 0 {
-                let p = pause;
-                pause = (pause * 2).min(TRY_PAUSES.1);
-                p
-            } else {
-                Duration::ZERO
-            };
+            let mut wait = Duration::ZERO;
+            if tried % n == 0 {
+                // A round in which a member held its try that long: the next round's tries
+                // wait longer (a member that fails at once says nothing of how long an answer
+                // takes). A round that failed at once: a pause.
+                if std::mem::take(&mut timed_out) {
+                    try_limit = (try_limit * 2).min(TRY_TIMEOUT);
+                } else {
+                    wait = pause;
+                    pause = (pause * 2).min(TRY_PAUSES.1);
+                }
+            }
             if now + wait >= deadline {
                 return Err(failed(last));
             }
