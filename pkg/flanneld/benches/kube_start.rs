@@ -402,13 +402,13 @@ fn main() {
             real.burst,
         ),
     ] {
-        println!(
-            "| {what} | {} | {} | {:.2}x | {} |",
-            ms(e),
-            ms(k),
-            k.as_secs_f64() / e.as_secs_f64().max(1e-9),
-            ms(r)
-        );
+        // A mode not run (KUBE_START_MODES) has no ratio.
+        let ratio = if e.is_zero() || k.is_zero() {
+            "-".to_string()
+        } else {
+            format!("{:.2}x", k.as_secs_f64() / e.as_secs_f64())
+        };
+        println!("| {what} | {} | {} | {ratio} | {} |", ms(e), ms(k), ms(r));
     }
     println!(
         "| RSS at 5,000 | {} | {} | | {} |",
