@@ -328,8 +328,10 @@ impl EtcdRegistry {
                 after: REQUEST_TIMEOUT,
             },
         };
-        for tried in 1.. {
-            let m = (start + tried - 1) % n;
+        let mut tried = 0;
+        loop {
+            let m = (start + tried) % n;
+            tried += 1;
             let began = tokio::time::Instant::now();
             let left = deadline.saturating_duration_since(began);
             let limit = match repeat {
@@ -376,7 +378,6 @@ impl EtcdRegistry {
             }
             tokio::time::sleep(wait).await;
         }
-        Err(failed(last))
     }
 
     fn subnets_prefix(&self) -> String {
