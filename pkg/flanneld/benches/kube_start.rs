@@ -11,7 +11,14 @@
 //! `KUBE_START_MODES=etcd,kube,real` runs only the modes named (all three by default; a mode
 //! not run shows as 0); `KUBE_START_LOGS=<dir>` keeps each daemon's log there, to read its
 //! timeline (`-v=…` in `KUBE_START_ARGS` for more of it), and the stand-in's requests with the
-//! burst's marks on one clock beside it.
+//! burst's marks on one clock beside it. `KUBE_START_ROUNDS=n` runs each mode n times (a fresh
+//! node and daemon each): the table then gives ranges, and each round of a kube mode is listed
+//! with the passes the daemon's datapath took for the burst and, beside the burst, the CPU the
+//! stand-in took to store it: the same work every round, so it says how fast the machine ran
+//! that round. `KUBE_START_BUILDS=before=/path/to/flanneld,after=/other/flanneld` runs those
+//! builds of the daemon instead of this one, their rounds interleaved (the first build's, the
+//! second's, then the first's again), so that what else the machine does falls on both alike:
+//! the same-run compare.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -22,6 +29,7 @@ mod watch;
 use common::*;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use testkit::kube_api::{KubeApi, FLANNEL_RULES};
 use watch::{Counts, Watch};
@@ -169,6 +177,9 @@ struct Figures {
     rss_start_kib: u64,
     rss_burst_kib: u64,
     marks: BurstMarks,
+    /// The daemon's datapath passes that wrote the burst's entries (its log's `datapath:`
+    /// lines with more than N leases).
+    passes: usize,
 }
 
 /// The burst's timeline, on the start's clock, for `KUBE_START_LOGS`.
@@ -223,6 +234,7 @@ fn measure(node: &Node, d: &Daemon, started: Instant, burst: impl FnOnce()) -> F
     let daemon_cpu = d.cpu_time().saturating_sub(daemon_cpu);
     drop(watch);
     observer.wait(node, 2 * N, t);
+    let passes = burst_passes(d);
     let marks = BurstMarks {
         began: t.saturating_duration_since(started),
         stored,
@@ -235,10 +247,32 @@ fn measure(node: &Node, d: &Daemon, started: Instant, burst: impl FnOnce()) -> F
         rss_start_kib,
         rss_burst_kib: d.memory_kib("VmRSS:"),
         marks,
+        passes,
     }
 }
 
-fn etcd_mode() -> Figures {
+/// How many of the daemon's datapath passes wrote for more than N leases: the burst's. The
+/// last pass's line follows its writes' acknowledgements, so it is waited for (up to 5 s).
+fn burst_passes(d: &Daemon) -> usize {
+    let passes = |log: &str| {
+        let leases = log.lines().filter_map(|l| {
+            let n = l.split("datapath: ").nth(1)?.split(' ').next()?;
+            n.parse::<usize>().ok()
+        });
+        let counts: Vec<usize> = leases.filter(|&n| n > N).collect();
+        (counts.len(), counts.contains(&(2 * N)))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (n, whole) = passes(&d.log_text());
+        if whole || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn etcd_mode(name: &str, flanneld: &Path) -> Figures {
     let node = Node::new("kse");
     let etcd = Etcd::start_with(
         &node,
@@ -250,14 +284,15 @@ fn etcd_mode() -> Figures {
     // The burst's text is made before the clocks start: the bench's own work, not etcd's.
     let more = etcd_leases(N..2 * N);
     let started = Instant::now();
-    let d = Daemon::start(
+    let d = Daemon::start_binary(
         &node,
+        flanneld,
         "etcd",
         &["--etcd-endpoints", &etcd.client_url, "--iface", "eth0"],
         &[],
     );
     let f = measure(&node, &d, started, || etcd.txn(&node, &more));
-    keep_log(&d, "etcd");
+    keep_log(&d, name);
     f
 }
 
@@ -291,10 +326,84 @@ fn skipped() -> Figures {
         rss_start_kib: 0,
         rss_burst_kib: 0,
         marks: BurstMarks::default(),
+        passes: 0,
     }
 }
 
-fn kube_mode(mode: &str, node_object: fn(usize) -> Value) -> Figures {
+/// `KUBE_START_ROUNDS`: how many times each mode runs (1 by default).
+fn rounds() -> usize {
+    std::env::var("KUBE_START_ROUNDS")
+        .ok()
+        .and_then(|r| r.trim().parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(1)
+}
+
+/// Each mode run `rounds()` times, or not at all.
+/// `KUBE_START_BUILDS`: the builds of flanneld to run, each with its label; this one's by
+/// default (no label).
+fn builds() -> Vec<(String, PathBuf)> {
+    let named: Vec<(String, PathBuf)> = std::env::var("KUBE_START_BUILDS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|b| {
+            let (label, path) = b.trim().split_once('=')?;
+            Some((label.to_string(), PathBuf::from(path)))
+        })
+        .collect();
+    if named.is_empty() {
+        vec![(String::new(), PathBuf::from(FLANNELD))]
+    } else {
+        named
+    }
+}
+
+/// Each build's rounds of `mode` (one skipped figure each when the mode is not run), the
+/// builds' rounds interleaved. Each round is given its name in `KUBE_START_LOGS`: the mode's,
+/// then the build's label and the round's number where there are more than one.
+fn run(
+    mode: &str,
+    builds: &[(String, PathBuf)],
+    f: impl Fn(&str, &Path) -> Figures,
+) -> Vec<Vec<Figures>> {
+    let mut all: Vec<Vec<Figures>> = builds.iter().map(|_| Vec::new()).collect();
+    if !runs(mode) {
+        all.iter_mut().for_each(|b| b.push(skipped()));
+        return all;
+    }
+    let n = rounds();
+    for i in 1..=n {
+        for ((label, path), figures) in builds.iter().zip(all.iter_mut()) {
+            let mut name = mode.to_string();
+            if !label.is_empty() {
+                name = format!("{name}-{label}");
+            }
+            if n > 1 {
+                name = format!("{name}-{i}");
+            }
+            figures.push(f(&name, path));
+        }
+    }
+    all
+}
+
+/// The slowest over the fastest of `xs`, and the smallest such ratio over any five in a
+/// row (None with fewer than five).
+fn spreads(xs: &[f64]) -> (f64, Option<f64>) {
+    let ratio = |w: &[f64]| {
+        let max = w.iter().cloned().fold(f64::MIN, f64::max);
+        let min = w.iter().cloned().fold(f64::MAX, f64::min);
+        if min > 0.0 {
+            max / min
+        } else {
+            0.0
+        }
+    };
+    let five = xs.windows(5).map(ratio).reduce(f64::min);
+    (ratio(xs), five)
+}
+
+fn kube_mode(mode: &str, flanneld: &Path, node_object: fn(usize) -> Value) -> Figures {
     let node = Node::new("ksk");
     let mut api = KubeApi::start(
         Some(node.ns.path()),
@@ -328,7 +437,7 @@ fn kube_mode(mode: &str, node_object: fn(usize) -> Value) -> Figures {
     ];
     args.extend(extra.iter().map(String::as_str));
     let (started, wall) = (Instant::now(), std::time::SystemTime::now());
-    let d = Daemon::start(&node, "kube", &args, &[("NODE_NAME", "bench")]);
+    let d = Daemon::start_binary(&node, flanneld, "kube", &args, &[("NODE_NAME", "bench")]);
     let f = measure(&node, &d, started, || api.create_nodes(more));
     keep_log(&d, mode);
     if let Ok(dir) = std::env::var("KUBE_START_LOGS") {
@@ -365,61 +474,115 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let etcd = if runs("etcd") { etcd_mode() } else { skipped() };
-    let kube = if runs("kube") {
-        kube_mode("kube", kube_node)
-    } else {
-        skipped()
-    };
-    let real = if runs("real") {
-        kube_mode("real", real_node)
-    } else {
-        skipped()
-    };
+    let builds = builds();
+    let etcd = run("etcd", &builds, etcd_mode);
+    let kube = run("kube", &builds, |name, bin| kube_mode(name, bin, kube_node));
+    let real = run("real", &builds, |name, bin| kube_mode(name, bin, real_node));
     let size = |f: fn(usize) -> Value| f(N / 2).to_string().len() as f64 / 1024.0;
-    let ms = |d: Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
-    let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
     println!(
         "{N} other nodes: leases in etcd against leases from Node objects (API server stand-in), \
          the Nodes with flanneld's annotations only ({:.1} KB) and as a real cluster holds them \
-         ({:.1} KB)",
+         ({:.1} KB); {} round(s) each",
         size(kube_node),
-        size(real_node)
+        size(real_node),
+        rounds()
     );
-    println!("| | etcd mode | kube mode | kube / etcd | kube mode, real Nodes |");
+    for (i, (label, path)) in builds.iter().enumerate() {
+        if !label.is_empty() {
+            println!("\n{label}: {}", path.display());
+        }
+        table(&etcd[i], &kube[i], &real[i]);
+    }
+}
+
+/// One build's figures: the table (ranges over the rounds), then each kube mode's rounds.
+fn table(etcd: &[Figures], kube: &[Figures], real: &[Figures]) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    // One round's figure, or the range over the rounds.
+    let range = |fs: &[Figures], f: &dyn Fn(&Figures) -> f64, unit: &str| {
+        let xs: Vec<f64> = fs.iter().map(f).collect();
+        let (lo, hi) = (
+            xs.iter().cloned().fold(f64::MAX, f64::min),
+            xs.iter().cloned().fold(f64::MIN, f64::max),
+        );
+        let p = if unit.is_empty() { 0 } else { 1 };
+        if (hi - lo).abs() < f64::EPSILON {
+            format!("{lo:.p$}{unit}")
+        } else {
+            format!("{lo:.p$} to {hi:.p$}{unit}")
+        }
+    };
+    let median = |fs: &[Figures], f: &dyn Fn(&Figures) -> f64| {
+        let mut xs: Vec<f64> = fs.iter().map(f).collect();
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    println!("| | etcd mode | kube mode | kube / etcd (medians) | kube mode, real Nodes |");
     println!("|---|---:|---:|---:|---:|");
-    for (what, e, k, r) in [
+    let start = |f: &Figures| ms(f.start);
+    let burst = |f: &Figures| ms(f.burst);
+    let rss_start = |f: &Figures| f.rss_start_kib as f64 / 1024.0;
+    let rss_burst = |f: &Figures| f.rss_burst_kib as f64 / 1024.0;
+    for (what, f) in [
         (
             "start to every entry in the kernel (ms)",
-            etcd.start,
-            kube.start,
-            real.start,
+            &start as &dyn Fn(&Figures) -> f64,
         ),
-        (
-            "a burst of 5,000 more to theirs (ms)",
-            etcd.burst,
-            kube.burst,
-            real.burst,
-        ),
+        ("a burst of 5,000 more to theirs (ms)", &burst),
     ] {
         // A mode not run (KUBE_START_MODES) has no ratio.
-        let ratio = if e.is_zero() || k.is_zero() {
+        let (e, k) = (median(etcd, f), median(kube, f));
+        let ratio = if e == 0.0 || k == 0.0 {
             "-".to_string()
         } else {
-            format!("{:.2}x", k.as_secs_f64() / e.as_secs_f64())
+            format!("{:.2}x", k / e)
         };
-        println!("| {what} | {} | {} | {ratio} | {} |", ms(e), ms(k), ms(r));
+        println!(
+            "| {what} | {} | {} | {ratio} | {} |",
+            range(etcd, f, ""),
+            range(kube, f, ""),
+            range(real, f, "")
+        );
     }
-    println!(
-        "| RSS at 5,000 | {} | {} | | {} |",
-        mib(etcd.rss_start_kib),
-        mib(kube.rss_start_kib),
-        mib(real.rss_start_kib)
-    );
-    println!(
-        "| RSS at 10,000 | {} | {} | | {} |",
-        mib(etcd.rss_burst_kib),
-        mib(kube.rss_burst_kib),
-        mib(real.rss_burst_kib)
-    );
+    for (what, f) in [
+        ("RSS at 5,000", &rss_start as &dyn Fn(&Figures) -> f64),
+        ("RSS at 10,000", &rss_burst),
+    ] {
+        println!(
+            "| {what} | {} | {} | | {} |",
+            range(etcd, f, " MiB"),
+            range(kube, f, " MiB"),
+            range(real, f, " MiB")
+        );
+    }
+    for (mode, fs) in [("kube", kube), ("real", real)] {
+        if fs.len() < 2 {
+            continue;
+        }
+        let bursts: Vec<f64> = fs.iter().map(burst).collect();
+        let control: Vec<f64> = fs.iter().map(|f| ms(f.marks.stored_cpu)).collect();
+        let list = |xs: &[f64]| {
+            xs.iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let passes: Vec<String> = fs.iter().map(|f| f.passes.to_string()).collect();
+        let five = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
+        let (b_all, b_five) = spreads(&bursts);
+        let (c_all, c_five) = spreads(&control);
+        println!("\n{mode} mode, round by round:");
+        println!("  the burst (ms): {}", list(&bursts));
+        println!(
+            "  the stand-in's CPU storing it, the same work each round (ms): {}",
+            list(&control)
+        );
+        println!("  the datapath's passes for it: {}", passes.join(" "));
+        println!(
+            "  slowest / fastest: the burst {b_all:.2}x (best five in a row {}), \
+             the stand-in's fixed work {c_all:.2}x (best five in a row {})",
+            five(b_five),
+            five(c_five)
+        );
+    }
 }

@@ -320,10 +320,21 @@ pub struct Daemon {
 impl Daemon {
     /// Starts flanneld in the node's namespace with `args` (and the environment given).
     pub fn start(node: &Node, name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_binary(node, Path::new(FLANNELD), name, args, env)
+    }
+
+    /// [`Daemon::start`] with another build of flanneld, for a bench's same-run compare.
+    pub fn start_binary(
+        node: &Node,
+        binary: &Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let log = node.path(&format!("{name}.log"));
         let subnet_file = node.path(&format!("{name}.subnet.env"));
         let log_file = fs::File::create(&log).expect("daemon log file");
-        let mut cmd: Command = node.ns.command(FLANNELD);
+        let mut cmd: Command = node.ns.command(binary);
         cmd.arg("--subnet-file")
             .arg(&subnet_file)
             .args(args)
