@@ -31,6 +31,9 @@ const METRICS_PORT: &str = "9131";
 const PROMPT: Duration = Duration::from_secs(1);
 /// How long quorum stays lost.
 const OUTAGE: Duration = Duration::from_secs(60);
+/// flanneld's deadline for one request to etcd, its tries on every member included
+/// (REQUEST_TIMEOUT in registry/etcd.rs).
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A node's subnets as its subnet.env says: (IPv4, IPv6) networks.
 type Subnets = (Option<ipnetwork::IpNetwork>, Option<ipnetwork::IpNetwork>);
@@ -406,9 +409,17 @@ impl Run {
             .collect()
     }
 
-    /// After a member came back: a renewal on every running node, and no request of any of
-    /// them failed since `before` was read.
-    fn every_request_succeeds_after(&self, before: &BTreeMap<u8, u64>, what: &str) {
+    /// After a member came back (at `since`): a renewal on every running node, and no
+    /// request of any of them failed that began after `since`. A request begun during the
+    /// fault may still fail after it, at its deadline (its last tries held by a member that
+    /// does not serve yet), so failures are counted from `since` plus that deadline, when
+    /// every such request has ended. A request begun after `since` that a fault makes fail
+    /// is tried again until its own deadline, which comes no earlier: it is counted.
+    fn every_request_succeeds_after(&self, since: SystemTime, what: &str) {
+        if let Ok(left) = (since + REQUEST_DEADLINE).duration_since(SystemTime::now()) {
+            std::thread::sleep(left);
+        }
+        let before = self.registry_errors();
         let renewals = |i: u8| self.c.node(i).log().matches("renewed lease").count();
         let start: Vec<(u8, usize)> = self
             .running()
@@ -426,7 +437,7 @@ impl Run {
             assert_eq!(
                 *n,
                 was,
-                "node {i}: {} failed requests to etcd after {what}:\n{}",
+                "node {i}: {} failed requests to etcd begun after {what}:\n{}",
                 n - was,
                 self.c.node(*i).log()
             );
@@ -605,8 +616,7 @@ fn three_members_under_faults_while_nodes_join_and_leave() {
         "the leader killed:\n{}",
         failed.join("\n")
     );
-    let before = run.registry_errors();
-    run.every_request_succeeds_after(&before, &format!("member {leader} came back"));
+    run.every_request_succeeds_after(SystemTime::now(), &format!("member {leader} came back"));
 
     // The leader cut off the network and plugged back; node 4 leaves, node 5 joins.
     let leader = wait_for("a leader", T, || run.c.etcd_leader());
@@ -626,8 +636,10 @@ fn three_members_under_faults_while_nodes_join_and_leave() {
         "the leader cut off:\n{}",
         failed.join("\n")
     );
-    let before = run.registry_errors();
-    run.every_request_succeeds_after(&before, &format!("member {leader} was plugged back"));
+    run.every_request_succeeds_after(
+        SystemTime::now(),
+        &format!("member {leader} was plugged back"),
+    );
 
     // Quorum lost for OUTAGE: two members killed. Node 6 joins and node 5 leaves meanwhile.
     let leader = wait_for("a leader", T, || run.c.etcd_leader());
@@ -700,8 +712,7 @@ fn three_members_under_faults_while_nodes_join_and_leave() {
         run.describe(),
         run.timeline(seven, leased)
     );
-    let before = run.registry_errors();
-    run.every_request_succeeds_after(&before, "quorum's return");
+    run.every_request_succeeds_after(returned, "quorum's return");
 
     // Compaction and defragmentation while leases come and go at 20 a second.
     let url = run.c.etcd_url().unwrap_or_default().to_string();
