@@ -1093,7 +1093,8 @@ impl Switch {
         let shim = calls.path().join("systemctl");
         fs::write(
             &shim,
-            "#!/bin/sh\nn=$(date +%s%N)\necho \"$*\" >\"$SYSTEMCTL_CALLS/$n.call\"\n\
+            "#!/bin/sh\nn=$(date +%s%N)\necho \"$*\" >\"$SYSTEMCTL_CALLS/$n.tmp\"\n\
+             mv \"$SYSTEMCTL_CALLS/$n.tmp\" \"$SYSTEMCTL_CALLS/$n.call\"\n\
              while [ ! -e \"$SYSTEMCTL_CALLS/$n.done\" ]; do sleep 0.05; done\n\
              exit \"$(cat \"$SYSTEMCTL_CALLS/$n.done\")\"\n",
         )
@@ -1148,7 +1149,11 @@ impl Switch {
                     }
                     _ => panic!("node {i}: systemctl {args}: not what the runbook's units need"),
                 };
-                fs::write(call.with_extension("done"), code.to_string()).unwrap();
+                // Each side renames a whole file into place: a file read as it is being
+                // written came back empty (a call read as `systemctl ` in a CI run).
+                let written = call.with_extension("answer");
+                fs::write(&written, code.to_string()).unwrap();
+                fs::rename(&written, call.with_extension("done")).unwrap();
             }
             if started.elapsed() > 3 * T {
                 let _ = child.kill();
