@@ -404,23 +404,24 @@ fn run(
     all
 }
 
+/// The smallest and the largest of `xs`.
+fn bounds(xs: &[f64]) -> (f64, f64) {
+    xs.iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+}
+
 /// The slowest over the fastest of `xs`, and the smallest such ratio over any five in a
 /// row (None with fewer than five).
 fn spreads(xs: &[f64]) -> (f64, Option<f64>) {
-    let ratio = |w: &[f64]| {
-        let max = w.iter().cloned().fold(f64::MIN, f64::max);
-        let min = w.iter().cloned().fold(f64::MAX, f64::min);
-        if min > 0.0 {
-            max / min
-        } else {
-            0.0
-        }
+    let ratio = |w: &[f64]| match bounds(w) {
+        (min, max) if min > 0.0 => max / min,
+        _ => 0.0,
     };
     let five = xs.windows(5).map(ratio).reduce(f64::min);
     (ratio(xs), five)
 }
 
-fn kube_mode(mode: &str, flanneld: &Path, node_object: fn(usize) -> Value) -> Figures {
+fn kube_mode(name: &str, flanneld: &Path, node_object: fn(usize) -> Value) -> Figures {
     let node = Node::new("ksk");
     let mut api = KubeApi::start(
         Some(node.ns.path()),
@@ -456,7 +457,7 @@ fn kube_mode(mode: &str, flanneld: &Path, node_object: fn(usize) -> Value) -> Fi
     let (started, wall) = (Instant::now(), std::time::SystemTime::now());
     let d = Daemon::start_binary(&node, flanneld, "kube", &args, &[("NODE_NAME", "bench")]);
     let f = measure(&node, &d, started, || api.create_nodes(more));
-    keep_log(&d, mode);
+    keep_log(&d, name);
     if let Ok(dir) = std::env::var("KUBE_START_LOGS") {
         // The stand-in's requests, ms from the daemon's start: when each answer was ready;
         // the burst's marks on the same clock, and the start in the daemon log's time.
@@ -479,7 +480,7 @@ fn kube_mode(mode: &str, flanneld: &Path, node_object: fn(usize) -> Value) -> Fi
                 r.code, r.verb, r.path, r.query
             );
         }
-        let to = std::path::Path::new(&dir).join(format!("{mode}.requests"));
+        let to = std::path::Path::new(&dir).join(format!("{name}.requests"));
         if let Err(e) = std::fs::write(&to, text) {
             eprintln!("keeping the stand-in's requests as {}: {e}", to.display());
         }
@@ -519,10 +520,7 @@ fn table(etcd: &[Figures], kube: &[Figures], real: &[Figures]) {
     // One round's figure, or the range over the rounds.
     let range = |fs: &[Figures], f: &dyn Fn(&Figures) -> f64, unit: &str| {
         let xs: Vec<f64> = fs.iter().map(f).collect();
-        let (lo, hi) = (
-            xs.iter().cloned().fold(f64::MAX, f64::min),
-            xs.iter().cloned().fold(f64::MIN, f64::max),
-        );
+        let (lo, hi) = bounds(&xs);
         let p = if unit.is_empty() { 0 } else { 1 };
         if (hi - lo).abs() < f64::EPSILON {
             format!("{lo:.p$}{unit}")

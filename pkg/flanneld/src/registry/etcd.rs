@@ -25,9 +25,10 @@ const TRY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long the first try of a request that may be repeated waits at least: it waits
 /// [`TRY_SLACK`] times as long as the last answer to the same request took, up to TRY_TIMEOUT;
-/// after a round of the members in which one ran out of time, twice as long. A member that takes connections and
-/// answers nothing (a restarted one, until its quorum lets it publish itself; the client counts
-/// it ready all the same) then costs a request a fraction of a second, not TRY_TIMEOUT.
+/// after a round of the members in which one ran out of time, twice as long. A member that
+/// takes connections and answers nothing (a restarted one, until its quorum lets it publish
+/// itself; the client counts it ready all the same) then costs a request a fraction of a
+/// second, not TRY_TIMEOUT.
 const FIRST_TRY: Duration = Duration::from_millis(250);
 const TRY_SLACK: u32 = 4;
 

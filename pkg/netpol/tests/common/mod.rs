@@ -209,8 +209,8 @@ impl World {
         for n in 1..=3 {
             w.wait_log(n, "table inet flannel-netpol:");
         }
-        // The truth tables are the enforcers': the datapath carries every pair first (a
-        // userspace tunnel's peers come a moment after subnet.env under load), else the
+        // The truth tables are the enforcers': the datapath carries every pair first (once,
+        // under load, a userspace tunnel did not yet when subnet.env was written), else the
         // failure names the pairs with every node's flanneld view, not a policy's.
         w.cluster.wait_every_pod_reaches_every_other(&w.families, T);
         w
